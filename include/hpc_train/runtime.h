@@ -1,0 +1,77 @@
+// The process's place in the job: MPI start-up and shut-down, world rank and size, the rank's
+// place on its node, and how a failure on one rank ends every rank.
+//
+// Two ways an error ends the job (Note [Ending the job]):
+//  - a *setup phase* that every rank reaches (config, dataset open, model build) runs through
+//    `run_agreed_phase`: the ranks agree by a collective that something failed, rank 0 prints
+//    each distinct message once with the ranks that raised it, and all ranks exit cleanly with
+//    the exception's exit code;
+//  - anywhere else (inside a step, where other ranks may be waiting in a collective) the
+//    exception reaches `run_or_abort`, which prints `[rank R@host] message` and calls
+//    MPI_Abort, so that no rank waits forever. On the way there the exception unwinds the
+//    stack: destructors that would wait for other ranks (a pending collective, a collective
+//    file close) skip that while std::uncaught_exceptions() > 0.
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+
+namespace hpc_train {
+
+class Runtime {
+ public:
+  // MPI_Init_thread asking for MPI_THREAD_MULTIPLE: the data prefetch thread may do MPI-IO
+  // (parallel HDF5) while the main thread communicates.
+  Runtime(int* argc, char*** argv);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Place among the ranks that share this node's memory (MPI_COMM_TYPE_SHARED): it chooses the
+  // GPU and shares the CPU cores. Not SLURM_LOCALID, which is wrong under mpirun in an allocation.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& hostname() const { return hostname_; }
+  bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+  // "rank R@host", the prefix of every message that names a rank.
+  std::string rank_label() const;
+
+ private:
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int thread_level_ = MPI_THREAD_SINGLE;
+  std::string hostname_;
+};
+
+// Thrown by run_agreed_phase once a failure has been reported: every rank ends with `exit_code`
+// and nothing more is printed.
+struct JobEnded {
+  int exit_code;
+};
+
+// Runs `phase` on every rank; see Note [Ending the job]. Collective over the world.
+void run_agreed_phase(const Runtime& runtime, const std::function<void()>& phase);
+
+// Runs the program body; an escaping exception ends the job (Note [Ending the job]).
+int run_or_abort(const Runtime& runtime, const std::function<int()>& body);
+
+// Intra-op threads for LibTorch on this rank: the cores this process may run on, shared with
+// the other ranks of the node (at least 1). `requested` > 0 wins.
+int compute_threads_per_rank(int local_size, int requested);
+
+// Whether this process's standard output reaches a terminal. Under Open MPI's mpirun a rank's
+// stdout is always a pseudo-terminal, so there the question goes to mpirun's own stdout (a
+// batch job's log file is no terminal even though isatty() says so).
+bool stdout_is_terminal();
+
+// Rank `root`'s string on every rank. Collective.
+std::string broadcast_string(MPI_Comm comm, const std::string& value, int root);
+
+}  // namespace hpc_train

@@ -1,0 +1,344 @@
+// Config: defaults, command line, INI file, precedence, round trip, --help/--version, and the
+// messages of every rejected input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "hpc_train/config.h"
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+namespace {
+
+namespace fs = std::filesystem;
+
+CommandLine parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "hpc_train");
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+// The ConfigError message of `action`, or a failure when it does not throw one.
+std::string config_error(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.exit_code(), kExitUsageError);
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError";
+  return "";
+}
+
+std::string parse_error(const std::vector<std::string>& args) {
+  return config_error([&] { parse(args); });
+}
+
+void expect_same(const TrainConfig& a, const TrainConfig& b) {
+  EXPECT_EQ(a.dataset_path, b.dataset_path);
+  EXPECT_EQ(a.drop_last, b.drop_last);
+  EXPECT_EQ(a.prefetch_batches, b.prefetch_batches);
+  EXPECT_EQ(a.model, b.model);
+  EXPECT_EQ(a.epochs, b.epochs);
+  EXPECT_EQ(a.max_steps, b.max_steps);
+  EXPECT_EQ(a.micro_batch, b.micro_batch);
+  EXPECT_EQ(a.optimizer, b.optimizer);
+  EXPECT_EQ(a.lr, b.lr);  // exact: the INI text must read back bit for bit
+  EXPECT_EQ(a.beta1, b.beta1);
+  EXPECT_EQ(a.beta2, b.beta2);
+  EXPECT_EQ(a.eps, b.eps);
+  EXPECT_EQ(a.weight_decay, b.weight_decay);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.threads_per_rank, b.threads_per_rank);
+  EXPECT_EQ(a.run_dir, b.run_dir);
+  EXPECT_EQ(a.log_every, b.log_every);
+  EXPECT_EQ(a.progress, b.progress);
+  // Covers options added later too: to_ini prints every option, each value unambiguously.
+  EXPECT_EQ(to_ini(a), to_ini(b));
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "hpc_train_test_config_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST(Config, DefaultsAreTheOriginRecipe) {
+  const TrainConfig config;
+  EXPECT_EQ(config.model, "simple_cnn");
+  EXPECT_EQ(config.micro_batch, 64);
+  EXPECT_EQ(config.epochs, 10);
+  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.lr, 1e-3);
+  EXPECT_EQ(config.beta1, 0.9);
+  EXPECT_EQ(config.beta2, 0.999);
+  EXPECT_EQ(config.eps, 1e-8);
+  EXPECT_EQ(config.weight_decay, 0.01);
+  EXPECT_EQ(config.seed, 42u);
+  EXPECT_NO_THROW(validate(config));
+
+  const CommandLine command_line = parse({});
+  EXPECT_EQ(command_line.action, CommandLine::Action::kTrain);
+  EXPECT_TRUE(command_line.config_file.empty());
+  expect_same(command_line.config, config);
+}
+
+TEST(Config, CommandLineSetsEveryOption) {
+  const TrainConfig c =
+      parse({"--dataset", "d.h5", "--drop-last", "--prefetch", "7", "--model", "resnet18",
+             "--epochs", "3", "--max-steps", "20000000000", "--micro-batch", "32",
+             "--optimizer", "adam", "--lr", "3e-4", "--beta1", "0.8", "--beta2", "0.99",
+             "--eps=1e-6", "--weight-decay", "0", "--seed", "18446744073709551615",
+             "--threads-per-rank", "2", "--run-dir", "runs/my run", "--log-every", "5",
+             "--progress", "lines"})
+          .config;
+  EXPECT_EQ(c.dataset_path, "d.h5");
+  EXPECT_TRUE(c.drop_last);
+  EXPECT_EQ(c.prefetch_batches, 7);
+  EXPECT_EQ(c.model, "resnet18");
+  EXPECT_EQ(c.epochs, 3);
+  EXPECT_EQ(c.max_steps, 20000000000);
+  EXPECT_EQ(c.micro_batch, 32);
+  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.beta1, 0.8);
+  EXPECT_EQ(c.beta2, 0.99);
+  EXPECT_EQ(c.eps, 1e-6);
+  EXPECT_EQ(c.weight_decay, 0.0);
+  EXPECT_EQ(c.seed, 18446744073709551615u);
+  EXPECT_EQ(c.threads_per_rank, 2);
+  EXPECT_EQ(c.run_dir, "runs/my run");
+  EXPECT_EQ(c.log_every, 5);
+  EXPECT_EQ(c.progress, "lines");
+}
+
+TEST(Config, FlagTakesAnExplicitValue) {
+  EXPECT_FALSE(parse({"--drop-last=false"}).config.drop_last);
+  EXPECT_TRUE(parse({"--drop-last=true"}).config.drop_last);
+  EXPECT_FALSE(parse({"--drop-last", "false"}).config.drop_last);
+  EXPECT_TRUE(parse({"--drop-last", "--epochs", "3"}).config.drop_last);
+  // A negative number is a value, not an option (validate() rejects it later).
+  EXPECT_EQ(parse({"--max-steps", "-1"}).config.max_steps, -1);
+}
+
+TEST_F(ConfigTest, IniFileWithSections) {
+  const std::string path = write("run.ini",
+                                 "# a comment\n"
+                                 "[data]\n"
+                                 "dataset = data/cifar10.h5   # trailing comment\n"
+                                 "drop_last = true\n"
+                                 "[training]\n"
+                                 "micro_batch = 128\n"
+                                 "lr = 0.0005\n"
+                                 "[output]\n"
+                                 "progress = bar\n");
+  const CommandLine command_line = parse({"--config", path});
+  EXPECT_EQ(command_line.config_file, path);
+  EXPECT_EQ(command_line.config.dataset_path, "data/cifar10.h5");
+  EXPECT_TRUE(command_line.config.drop_last);
+  EXPECT_EQ(command_line.config.micro_batch, 128);
+  EXPECT_EQ(command_line.config.lr, 0.0005);
+  EXPECT_EQ(command_line.config.progress, "bar");
+  EXPECT_EQ(command_line.config.epochs, 10);  // not in the file: the default
+}
+
+TEST_F(ConfigTest, CommandLineBeatsIniFile) {
+  const std::string path = write("run.ini", "[training]\nepochs = 5\nlr = 0.1\n");
+  const TrainConfig config = parse({"--epochs", "7", "--config", path}).config;
+  EXPECT_EQ(config.epochs, 7);
+  EXPECT_EQ(config.lr, 0.1);
+}
+
+TEST_F(ConfigTest, ToIniReadsBackIdentically) {
+  TrainConfig config;
+  EXPECT_NE(to_ini(config).find("lr = 0.001\n"), std::string::npos) << to_ini(config);
+  EXPECT_NE(to_ini(config).find("run_dir = \n"), std::string::npos) << to_ini(config);
+  expect_same(parse({"--config", write("defaults.ini", to_ini(config))}).config, config);
+
+  config.dataset_path = "/scratch/some dir/set.h5";
+  config.drop_last = true;
+  config.model = "resnet18";
+  config.max_steps = 123456789012;
+  config.lr = 0.1 + 0.2;  // 0.30000000000000004: needs 17 digits
+  config.beta1 = 1.0 / 3.0;
+  config.eps = 5e-324;  // smallest subnormal
+  config.weight_decay = 0.0;
+  config.seed = 18446744073709551615u;
+  config.run_dir = "runs/a";
+  config.progress = "lines";
+  const std::string text = to_ini(config);
+  EXPECT_EQ(text.rfind("# hpc_train resolved configuration\n", 0), 0u) << text;
+  for (const char* section : {"[data]", "[model]", "[training]", "[runtime]", "[output]"}) {
+    EXPECT_NE(text.find(std::string("\n") + section + "\n"), std::string::npos) << section;
+  }
+  EXPECT_NE(text.find("drop_last = true\n"), std::string::npos) << text;
+  expect_same(parse({"--config", write("changed.ini", text)}).config, config);
+}
+
+TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
+  const CommandLine command_line = parse({"--help"});
+  EXPECT_EQ(command_line.action, CommandLine::Action::kPrintAndExit);
+  const std::string& help = command_line.text;
+  EXPECT_EQ(parse({"-h"}).text, help);
+  for (const char* expected :
+       {"Usage: hpc_train [options]", "mpirun -np N hpc_train [options]", "--config FILE",
+        "wins over the file", "--version", "General", "Data [data]", "Model [model]",
+        "Training [training]", "Runtime [runtime]", "Output [output]",
+        "--dataset TEXT (=data/fashion-mnist.h5)", "--drop-last [=true|false] (=false)",
+        "--prefetch N (=4)", "--model TEXT (=simple_cnn)", "--epochs N (=10)",
+        "--max-steps N (=0)", "--micro-batch N (=64)", "--optimizer TEXT (=adamw)",
+        "--lr X (=0.001)", "--beta1 X (=0.9)", "--beta2 X (=0.999)", "--eps X (=1e-08)",
+        "--weight-decay X (=0.01)", "--seed N (=42)", "--threads-per-rank N (=0)",
+        "--run-dir TEXT", "--log-every N (=50)", "--progress TEXT (=auto)"}) {
+    EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
+  }
+}
+
+TEST(Config, Version) {
+  const CommandLine command_line = parse({"--version"});
+  EXPECT_EQ(command_line.action, CommandLine::Action::kPrintAndExit);
+  EXPECT_EQ(command_line.text, std::string("hpc_train ") + HPC_TRAIN_VERSION + "\n");
+}
+
+TEST(Config, CommandLineErrorsNameTheOption) {
+  std::string message = parse_error({"--epoch", "3"});
+  EXPECT_NE(message.find("unknown option --epoch; did you mean --epochs? See hpc_train --help"),
+            std::string::npos) << message;
+  message = parse_error({"--micro-bach=3"});
+  EXPECT_NE(message.find("--micro-bach; did you mean --micro-batch?"), std::string::npos)
+      << message;
+  message = parse_error({"--no-such-thing"});
+  EXPECT_NE(message.find("unknown option --no-such-thing"), std::string::npos) << message;
+
+  message = parse_error({"--epochs", "ten"});
+  EXPECT_NE(message.find("--epochs ten: expected a whole number, e.g. --epochs 10"),
+            std::string::npos) << message;
+  message = parse_error({"--lr", "fast"});
+  EXPECT_NE(message.find("--lr fast: expected a number"), std::string::npos) << message;
+  message = parse_error({"--seed", "-1"});
+  EXPECT_NE(message.find("--seed -1: expected a whole number >= 0"), std::string::npos)
+      << message;
+  message = parse_error({"--micro-batch", "99999999999"});
+  EXPECT_NE(message.find("--micro-batch 99999999999: out of range"), std::string::npos)
+      << message;
+  message = parse_error({"--drop-last=maybe"});
+  EXPECT_NE(message.find("--drop-last=maybe: expected true or false"), std::string::npos)
+      << message;
+
+  message = parse_error({"--epochs"});
+  EXPECT_NE(message.find("--epochs"), std::string::npos) << message;
+  message = parse_error({"--epochs", "3", "--epochs", "4"});
+  EXPECT_NE(message.find("--epochs"), std::string::npos) << message;
+  message = parse_error({"train.h5"});
+  EXPECT_NE(message.find("unexpected argument 'train.h5'"), std::string::npos) << message;
+}
+
+TEST_F(ConfigTest, ConfigFileErrorsNameTheFileAndKey) {
+  std::string message = parse_error({"--config", (dir_ / "missing.ini").string()});
+  EXPECT_NE(message.find("missing.ini: cannot open"), std::string::npos) << message;
+  message = parse_error({"--config", dir_.string()});
+  EXPECT_NE(message.find("is a directory"), std::string::npos) << message;
+
+  const std::string unknown_key = write("key.ini", "[training]\nepochs = 3\nepoch = 4\n");
+  message = parse_error({"--config", unknown_key});
+  EXPECT_NE(message.find(unknown_key + ":3: unknown key 'epoch' in [training]; did you mean "
+                                       "epochs?"),
+            std::string::npos) << message;
+
+  const std::string unknown_section = write("section.ini", "\n[modle]\nmodel = x\n");
+  message = parse_error({"--config", unknown_section});
+  EXPECT_NE(message.find(unknown_section + ":3: unknown section [modle]; did you mean [model]?"),
+            std::string::npos) << message;
+
+  const std::string wrong_section = write("wrong.ini", "[model]\nepochs = 3\n");
+  message = parse_error({"--config", wrong_section});
+  EXPECT_NE(message.find(":2: 'epochs' in [model]: epochs belongs under [training]"),
+            std::string::npos) << message;
+
+  const std::string no_section = write("nosection.ini", "epochs = 3\n");
+  message = parse_error({"--config", no_section});
+  EXPECT_NE(message.find(":1: 'epochs' (outside any section)"), std::string::npos) << message;
+
+  const std::string malformed = write("value.ini", "[training]\n\nepochs = ten\n");
+  message = parse_error({"--config", malformed});
+  EXPECT_NE(message.find(malformed + ":3: epochs = ten in [training]: expected a whole number"),
+            std::string::npos) << message;
+
+  const std::string twice = write("twice.ini", "[training]\nlr = 0.1\nlr = 0.2\n");
+  message = parse_error({"--config", twice});
+  EXPECT_NE(message.find(twice + ":3: 'lr' in [training] was already set on line 2"),
+            std::string::npos) << message;
+
+  const std::string bad_line = write("syntax.ini", "[training]\nepochs 3\n");
+  message = parse_error({"--config", bad_line});
+  EXPECT_NE(message.find(bad_line + ":2: 'epochs 3' is neither"), std::string::npos) << message;
+}
+
+TEST(Config, ValidateNamesTheOptionAndValue) {
+  struct Case {
+    std::function<void(TrainConfig&)> change;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {[](TrainConfig& c) { c.epochs = 0; }, "--epochs 0: must be at least 1"},
+      {[](TrainConfig& c) { c.max_steps = -1; }, "--max-steps -1:"},
+      {[](TrainConfig& c) { c.micro_batch = 0; },
+       "--micro-batch 0: must be at least 1 (samples per rank per step)"},
+      {[](TrainConfig& c) { c.prefetch_batches = 0; }, "--prefetch 0:"},
+      {[](TrainConfig& c) { c.lr = 0; }, "--lr 0:"},
+      {[](TrainConfig& c) { c.lr = -0.001; }, "--lr -0.001:"},
+      {[](TrainConfig& c) { c.lr = std::numeric_limits<double>::infinity(); }, "--lr inf:"},
+      {[](TrainConfig& c) { c.lr = std::nan(""); }, "--lr nan:"},
+      {[](TrainConfig& c) { c.beta1 = 1.0; }, "--beta1 1:"},
+      {[](TrainConfig& c) { c.beta1 = -0.1; }, "--beta1 -0.1:"},
+      {[](TrainConfig& c) { c.beta2 = 1.5; }, "--beta2 1.5:"},
+      {[](TrainConfig& c) { c.eps = 0; }, "--eps 0:"},
+      {[](TrainConfig& c) { c.weight_decay = -1; }, "--weight-decay -1:"},
+      {[](TrainConfig& c) { c.optimizer = "sgd"; }, "--optimizer 'sgd': must be adamw or adam"},
+      {[](TrainConfig& c) { c.progress = "fancy"; }, "--progress 'fancy':"},
+      {[](TrainConfig& c) { c.log_every = 0; }, "--log-every 0:"},
+      {[](TrainConfig& c) { c.threads_per_rank = -2; }, "--threads-per-rank -2:"},
+      {[](TrainConfig& c) { c.dataset_path.clear(); }, "--dataset '':"},
+      {[](TrainConfig& c) { c.model.clear(); }, "--model '':"},
+  };
+  for (const Case& bad : cases) {
+    TrainConfig config;
+    bad.change(config);
+    const std::string message = config_error([&] { validate(config); });
+    EXPECT_NE(message.find(bad.expected), std::string::npos) << message;
+  }
+  TrainConfig edges;  // the ends of each range that still work
+  edges.beta1 = 0;
+  edges.beta2 = 0;
+  edges.weight_decay = 0;
+  edges.max_steps = 0;
+  edges.threads_per_rank = 0;
+  edges.optimizer = "adam";
+  edges.progress = "bar";
+  EXPECT_NO_THROW(validate(edges));
+}
+
+}  // namespace
+}  // namespace hpc_train

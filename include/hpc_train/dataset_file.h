@@ -1,0 +1,94 @@
+// The HDF5 dataset file: layout, validation on open, and reads of chosen samples.
+//
+// Layout (data/README.md says the same for people who write such files with h5py):
+//   /train/images  uint8  [N, C, H, W], chunked for random access
+//   /train/labels  int64  [N]          (any integer type is accepted on read)
+//   /test/images   uint8  [M, C, H, W]
+//   /test/labels   int64  [M]
+//   attributes on the root group: num_classes, class_names, channels, height, width,
+//   mean and std (per channel, of the train images scaled to [0, 1]), source.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hpc_train {
+
+enum class Split { kTrain, kTest };
+const char* split_name(Split split);  // "train" / "test"
+
+struct DatasetInfo {
+  int64_t num_classes = 0;
+  std::vector<std::string> class_names;  // num_classes names
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  std::vector<float> mean;  // per channel, images scaled to [0, 1]
+  std::vector<float> std;   // per channel
+  std::string source;       // where the data came from, e.g. "fashion-mnist IDX files in DIR"
+  int64_t train_size = 0;
+  int64_t test_size = 0;
+
+  int64_t sample_bytes() const { return channels * height * width; }
+  int64_t size(Split split) const { return split == Split::kTrain ? train_size : test_size; }
+};
+
+// How a rank opens the file. kMpiIo uses the MPI-IO driver of a parallel HDF5 build (the open
+// and close are collective over the communicator given to open(); reads are independent);
+// kSerial is a plain read-only open, every rank on its own.
+enum class FileAccess { kSerial, kMpiIo };
+
+// kMpiIo where the HDF5 library is parallel and MPI gives MPI_THREAD_MULTIPLE (reads happen on
+// the loader thread), else kSerial.
+FileAccess preferred_file_access(bool mpi_thread_multiple);
+
+// A validated, read-only dataset file. Thread-safe: every HDF5 call of the data part goes
+// through one lock, because HDF5 builds (parallel ones always) are not thread-safe.
+class DatasetFile {
+ public:
+  // Opens and validates: the datasets exist, have the dtypes and shapes above, agree with the
+  // attributes and with each other. Throws DataError naming the file and what is wrong.
+  // With FileAccess::kMpiIo this is collective over `comm`.
+  static DatasetFile open(const std::string& path, FileAccess access = FileAccess::kSerial,
+                          MPI_Comm comm = MPI_COMM_NULL);
+  ~DatasetFile();
+  DatasetFile(DatasetFile&&) noexcept;
+  DatasetFile& operator=(DatasetFile&&) noexcept;
+  DatasetFile(const DatasetFile&) = delete;
+  DatasetFile& operator=(const DatasetFile&) = delete;
+
+  const std::string& path() const;
+  const DatasetInfo& info() const;
+
+  // Reads the samples at `indices` (any order, repeats allowed) of one split: images into
+  // `images` (indices.size() * sample_bytes() bytes, in the order of `indices`) and labels into
+  // `labels` (indices.size() values). Reads only those samples, never the whole split. Throws
+  // DataError for an index out of range or a label outside [0, num_classes), naming the file,
+  // split, index and value.
+  void read_samples(Split split, const std::vector<int64_t>& indices, uint8_t* images,
+                    int64_t* labels) const;
+
+ private:
+  struct Impl;
+  explicit DatasetFile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Everything needed to write a dataset file (used by the converters and by tests).
+struct DatasetContents {
+  DatasetInfo info;            // train_size/test_size and mean/std are derived on write
+  std::vector<uint8_t> train_images;  // train_size * C*H*W
+  std::vector<int64_t> train_labels;
+  std::vector<uint8_t> test_images;
+  std::vector<int64_t> test_labels;
+};
+
+// Writes `contents` in the layout above (serial; truncates an existing file). Computes the
+// per-channel mean/std of the train images. Throws DataError for inconsistent sizes or labels.
+void write_dataset_file(const std::string& path, DatasetContents contents);
+
+}  // namespace hpc_train

@@ -1,0 +1,119 @@
+// hpc_train_data: converts published datasets to the HDF5 layout hpc_train reads, and describes
+// such files. A single-process tool: no MPI start-up, no Runtime.
+//
+//   hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] [--max-test N]
+//   hpc_train_data inspect FILE.h5
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "hpc_train/converters.h"
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/error.h"
+
+namespace po = boost::program_options;
+using namespace hpc_train;
+
+namespace {
+
+const char* const kUsage =
+    "usage:\n"
+    "  hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] "
+    "[--max-test N]\n"
+    "  hpc_train_data inspect FILE.h5\n"
+    "  hpc_train_data --help | --version\n"
+    "\n"
+    "convert reads the published files in SRC_DIR (IDX: train-images-idx3-ubyte,\n"
+    "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz;\n"
+    "CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin) and writes OUT.h5 (layout:\n"
+    "data/README.md). inspect prints a summary of a dataset file.\n";
+
+int convert(const std::vector<std::string>& args, const ConvertOptions& options) {
+  if (args.size() != 3)
+    throw ConfigError("convert takes FORMAT SRC_DIR OUT.h5 (got " + std::to_string(args.size()) +
+                      " arguments)");
+  const SourceFormat format = parse_source_format(args[0]);
+  DatasetContents contents = read_source_dataset(format, args[1], options);
+  const DatasetInfo source = contents.info;
+  const size_t train = contents.train_labels.size(), test = contents.test_labels.size();
+  const std::string shape = std::to_string(source.channels) + "x" +
+                            std::to_string(source.height) + "x" + std::to_string(source.width);
+  write_dataset_file(args[2], std::move(contents));
+  std::printf("wrote %s: %zu train, %zu test samples, %s, %lld classes\n", args[2].c_str(), train,
+              test, shape.c_str(), static_cast<long long>(source.num_classes));
+  return kExitOk;
+}
+
+int run(int argc, char** argv) {
+  int64_t max_train = -1, max_test = -1;
+  po::options_description visible("options");
+  visible.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("max-train", po::value<int64_t>(&max_train), "convert: keep only the first N train samples")
+      ("max-test", po::value<int64_t>(&max_test), "convert: keep only the first N test samples");
+  po::options_description hidden;
+  hidden.add_options()
+      ("command", po::value<std::string>())
+      ("args", po::value<std::vector<std::string>>()->multitoken());
+  po::options_description all;
+  all.add(visible).add(hidden);
+  po::positional_options_description positional;
+  positional.add("command", 1).add("args", -1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << visible;
+    return kExitOk;
+  }
+  if (vm.count("version")) {
+    std::printf("hpc_train_data %s\n", HPC_TRAIN_VERSION);
+    return kExitOk;
+  }
+  if (!vm.count("command")) throw ConfigError("no command given (convert or inspect)");
+  const std::string command = vm["command"].as<std::string>();
+  const std::vector<std::string> args =
+      vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
+
+  if (command == "convert") {
+    for (const char* name : {"max-train", "max-test"}) {
+      const int64_t value = vm.count(name) ? vm[name].as<int64_t>() : 0;
+      if (value < 0)
+        throw ConfigError(std::string("--") + name + " must be >= 0, got " + std::to_string(value));
+    }
+    return convert(args, ConvertOptions{max_train, max_test});
+  }
+  if (vm.count("max-train") || vm.count("max-test"))
+    throw ConfigError("--max-train and --max-test belong to convert");
+  if (command == "inspect") {
+    if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
+    std::fputs(describe_dataset_file(args[0]).c_str(), stdout);
+    return kExitOk;
+  }
+  throw ConfigError("unknown command '" + command + "' (expected convert or inspect)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "hpc_train_data: error: %s\n", e.what());
+    if (e.exit_code() == kExitUsageError)
+      std::fprintf(stderr, "run 'hpc_train_data --help' for usage\n");
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hpc_train_data: error: %s\n", e.what());
+    return kExitRuntimeError;
+  }
+}

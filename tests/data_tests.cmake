@@ -1,0 +1,10 @@
+# The data part: epoch plan, converters, dataset file and loader, and the hpc_train_data tool.
+# The dataset file test runs at 1, 2 and 3 ranks: it opens files collectively over MPI-IO (where
+# HDF5 is parallel) and reads from the loader thread while the main thread communicates.
+hpc_train_add_test(NAME test_epoch_plan SOURCES test_epoch_plan.cpp RANKS 1 LABELS data
+  TIMEOUT 60)
+hpc_train_add_test(NAME test_converters SOURCES test_converters.cpp RANKS 1 LABELS data
+  TIMEOUT 60)
+hpc_train_add_test(NAME test_dataset_file SOURCES test_dataset_file.cpp RANKS 1 2 3 LABELS data
+  TIMEOUT 60)
+hpc_train_add_script_test(NAME test_data_tool SCRIPT test_data_tool.sh LABELS data TIMEOUT 60)

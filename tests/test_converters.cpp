@@ -1,0 +1,306 @@
+// Converters: IDX (raw and gz) and CIFAR-10 binary files written here, read back exactly; every
+// kind of broken input gives a DataError that names the file and the problem.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "hpc_train/converters.h"
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/error.h"
+
+using namespace hpc_train;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+class ConvertersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "hpc_train_converters_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+
+  void write_file(const std::string& name, const std::vector<uint8_t>& bytes, bool gz = false) {
+    if (gz) {
+      gzFile file = gzopen(path(name + ".gz").c_str(), "wb");
+      ASSERT_NE(file, nullptr);
+      ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())),
+                static_cast<int>(bytes.size()));
+      gzclose(file);
+    } else {
+      std::ofstream(path(name), std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+  }
+
+  std::string dir_;
+};
+
+void append_u32(std::vector<uint8_t>& bytes, uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<uint8_t>(value >> shift));
+}
+
+uint8_t pixel(int64_t sample, int64_t offset) { return static_cast<uint8_t>(sample * 37 + offset * 11); }
+int64_t label(int64_t sample) { return (sample * 3 + 1) % 10; }
+
+std::vector<uint8_t> idx_images(int64_t n, int64_t h, int64_t w, int64_t first = 0) {
+  std::vector<uint8_t> bytes;
+  append_u32(bytes, 0x00000803);
+  for (int64_t d : {n, h, w}) append_u32(bytes, static_cast<uint32_t>(d));
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t i = 0; i < h * w; ++i) bytes.push_back(pixel(first + s, i));
+  return bytes;
+}
+
+std::vector<uint8_t> idx_labels(int64_t n, int64_t first = 0) {
+  std::vector<uint8_t> bytes;
+  append_u32(bytes, 0x00000801);
+  append_u32(bytes, static_cast<uint32_t>(n));
+  for (int64_t s = 0; s < n; ++s) bytes.push_back(static_cast<uint8_t>(label(first + s)));
+  return bytes;
+}
+
+// CIFAR-10 records numbered globally from `first` so that the concatenation order is visible.
+std::vector<uint8_t> cifar_records(int64_t n, int64_t first) {
+  std::vector<uint8_t> bytes;
+  for (int64_t s = first; s < first + n; ++s) {
+    bytes.push_back(static_cast<uint8_t>(label(s)));
+    for (int64_t i = 0; i < 3072; ++i) bytes.push_back(pixel(s, i));
+  }
+  return bytes;
+}
+
+// Expects a DataError whose message contains every one of `parts`.
+template <typename F>
+void expect_data_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no DataError thrown";
+  } catch (const DataError& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
+  }
+}
+
+}  // namespace
+
+class IdxTest : public ConvertersTest {
+ protected:
+  // 5 train and 3 test images of 4x6; train files gz, test files raw.
+  void write_valid_set() {
+    write_file("train-images-idx3-ubyte", idx_images(5, 4, 6), true);
+    write_file("train-labels-idx1-ubyte", idx_labels(5), true);
+    write_file("t10k-images-idx3-ubyte", idx_images(3, 4, 6, 100));
+    write_file("t10k-labels-idx1-ubyte", idx_labels(3, 100));
+  }
+};
+
+TEST_F(IdxTest, ReadsExactBytesGzAndRaw) {
+  write_valid_set();
+  const DatasetContents c = read_source_dataset(SourceFormat::kFashionMnist, dir_, {});
+  EXPECT_EQ(c.info.channels, 1);
+  EXPECT_EQ(c.info.height, 4);
+  EXPECT_EQ(c.info.width, 6);
+  EXPECT_EQ(c.info.num_classes, 10);
+  ASSERT_EQ(c.info.class_names.size(), 10u);
+  EXPECT_EQ(c.info.class_names[0], "T-shirt/top");
+  EXPECT_EQ(c.info.class_names[9], "Ankle boot");
+  ASSERT_EQ(c.train_labels.size(), 5u);
+  ASSERT_EQ(c.test_labels.size(), 3u);
+  for (int64_t s = 0; s < 5; ++s) {
+    EXPECT_EQ(c.train_labels[s], label(s));
+    for (int64_t i = 0; i < 24; ++i) ASSERT_EQ(c.train_images[s * 24 + i], pixel(s, i));
+  }
+  for (int64_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(c.test_labels[s], label(100 + s));
+    for (int64_t i = 0; i < 24; ++i) ASSERT_EQ(c.test_images[s * 24 + i], pixel(100 + s, i));
+  }
+  const DatasetContents mnist = read_source_dataset(SourceFormat::kMnist, dir_, {});
+  EXPECT_EQ(mnist.info.class_names[3], "3");
+  EXPECT_EQ(mnist.train_images, c.train_images);
+}
+
+TEST_F(IdxTest, MaxTrainAndTestKeepTheFirst) {
+  write_valid_set();
+  const DatasetContents c = read_source_dataset(SourceFormat::kMnist, dir_, {2, 0});
+  EXPECT_EQ(c.train_labels, (std::vector<int64_t>{label(0), label(1)}));
+  EXPECT_EQ(c.train_images.size(), 2u * 24);
+  EXPECT_TRUE(c.test_labels.empty());
+  EXPECT_TRUE(c.test_images.empty());
+}
+
+TEST_F(IdxTest, ConvertRoundTripAndDescribe) {
+  write_valid_set();
+  const std::string out = path("out.h5");
+  convert_dataset(SourceFormat::kFashionMnist, dir_, out, {});
+  const DatasetFile file = DatasetFile::open(out);
+  EXPECT_EQ(file.info().train_size, 5);
+  EXPECT_EQ(file.info().test_size, 3);
+  std::vector<uint8_t> images(3 * 24);
+  std::vector<int64_t> labels(3);
+  file.read_samples(Split::kTest, {2, 0, 1}, images.data(), labels.data());
+  EXPECT_EQ(labels, (std::vector<int64_t>{label(102), label(100), label(101)}));
+  EXPECT_EQ(images[0], pixel(102, 0));
+  EXPECT_EQ(images[24 + 23], pixel(100, 23));
+
+  const std::string text = describe_dataset_file(out);
+  for (const char* part : {"train:           5 samples", "test:            3 samples",
+                           "1x4x6 (C x H x W)", "10: 0 T-shirt/top, 1 Trouser", "9 Ankle boot",
+                           "format version:  1", "fashion-mnist IDX files in", "chunks:"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\nin:\n" << text;
+}
+
+TEST_F(IdxTest, WrongMagic) {
+  write_valid_set();
+  write_file("train-labels-idx1-ubyte", idx_images(5, 4, 6), true);  // images where labels go
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"train-labels-idx1-ubyte.gz", "wrong magic number 0x00000803",
+                     "expected 0x00000801"});
+}
+
+TEST_F(IdxTest, Truncated) {
+  write_valid_set();
+  std::vector<uint8_t> bytes = idx_images(3, 4, 6, 100);
+  bytes.resize(bytes.size() - 5);
+  write_file("t10k-images-idx3-ubyte", bytes);
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "truncated", "67 data bytes", "says 72"});
+}
+
+TEST_F(IdxTest, TruncatedGzipStream) {
+  write_valid_set();
+  const std::string gz = path("train-images-idx3-ubyte.gz");
+  fs::resize_file(gz, fs::file_size(gz) / 2);
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"train-images-idx3-ubyte.gz"});
+}
+
+TEST_F(IdxTest, EmptyFile) {
+  write_valid_set();
+  write_file("t10k-labels-idx1-ubyte", {});
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-labels-idx1-ubyte", "empty file"});
+}
+
+TEST_F(IdxTest, LabelOutOfRange) {
+  write_valid_set();
+  std::vector<uint8_t> bytes = idx_labels(5);
+  bytes[8 + 3] = 12;
+  write_file("train-labels-idx1-ubyte", bytes, true);
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"train-labels-idx1-ubyte.gz", "label[3] = 12", "outside [0, 10)"});
+}
+
+TEST_F(IdxTest, CountMismatch) {
+  write_valid_set();
+  write_file("t10k-labels-idx1-ubyte", idx_labels(2, 100));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "3 images", "2 labels"});
+}
+
+TEST_F(IdxTest, TestShapeDiffers) {
+  write_valid_set();
+  write_file("t10k-images-idx3-ubyte", idx_images(3, 5, 6, 100));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "5x6", "4x6"});
+}
+
+TEST_F(IdxTest, MissingFileAndDirectory) {
+  write_valid_set();
+  fs::remove(path("t10k-images-idx3-ubyte"));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "no such file"});
+  fs::create_directory(path("t10k-images-idx3-ubyte"));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "is a directory"});
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, path("nowhere"), {}); },
+                    {"nowhere", "no such directory"});
+}
+
+TEST_F(IdxTest, FailedConversionLeavesNoFile) {
+  write_valid_set();
+  write_file("t10k-labels-idx1-ubyte", idx_labels(2, 100));
+  EXPECT_THROW(convert_dataset(SourceFormat::kMnist, dir_, path("out.h5"), {}), DataError);
+  EXPECT_FALSE(fs::exists(path("out.h5")));
+}
+
+class CifarTest : public ConvertersTest {
+ protected:
+  // Train batches of 2 records each (global numbers 0..9), a test batch of 3 (100..102).
+  void write_valid_set(const std::string& sub = "") {
+    if (!sub.empty()) fs::create_directory(path(sub));
+    const std::string prefix = sub.empty() ? "" : sub + "/";
+    for (int b = 1; b <= 5; ++b)
+      write_file(prefix + "data_batch_" + std::to_string(b) + ".bin", cifar_records(2, 2 * (b - 1)));
+    write_file(prefix + "test_batch.bin", cifar_records(3, 100));
+  }
+};
+
+TEST_F(CifarTest, ReadsExactBytesInBatchOrder) {
+  write_valid_set();
+  const DatasetContents c = read_source_dataset(SourceFormat::kCifar10, dir_, {});
+  EXPECT_EQ(c.info.channels, 3);
+  EXPECT_EQ(c.info.height, 32);
+  EXPECT_EQ(c.info.width, 32);
+  EXPECT_EQ(c.info.class_names[0], "airplane");
+  EXPECT_EQ(c.info.class_names[9], "truck");
+  ASSERT_EQ(c.train_labels.size(), 10u);
+  for (int64_t s = 0; s < 10; ++s) {
+    EXPECT_EQ(c.train_labels[s], label(s));
+    for (int64_t i = 0; i < 3072; i += 97) ASSERT_EQ(c.train_images[s * 3072 + i], pixel(s, i));
+  }
+  ASSERT_EQ(c.test_labels.size(), 3u);
+  EXPECT_EQ(c.test_labels[2], label(102));
+  EXPECT_EQ(c.test_images[2 * 3072 + 3071], pixel(102, 3071));
+
+  const DatasetContents cut = read_source_dataset(SourceFormat::kCifar10, dir_, {7, 1});
+  EXPECT_EQ(cut.train_labels.size(), 7u);
+  EXPECT_EQ(cut.train_images.size(), 7u * 3072);
+  EXPECT_EQ(cut.test_labels.size(), 1u);
+}
+
+TEST_F(CifarTest, AcceptsTheArchiveFolder) {
+  write_valid_set("cifar-10-batches-bin");
+  const DatasetContents c = read_source_dataset(SourceFormat::kCifar10, dir_, {});
+  EXPECT_EQ(c.train_labels.size(), 10u);
+}
+
+TEST_F(CifarTest, BadFiles) {
+  write_valid_set();
+  std::vector<uint8_t> bytes = cifar_records(2, 4);
+  bytes.pop_back();
+  write_file("data_batch_3.bin", bytes);
+  expect_data_error([&] { read_source_dataset(SourceFormat::kCifar10, dir_, {}); },
+                    {"data_batch_3.bin", "6145 bytes", "3073-byte"});
+
+  bytes = cifar_records(2, 4);
+  bytes[3073] = 10;  // the second record's label
+  write_file("data_batch_3.bin", bytes);
+  expect_data_error([&] { read_source_dataset(SourceFormat::kCifar10, dir_, {}); },
+                    {"data_batch_3.bin", "record 1 has label 10"});
+
+  write_file("data_batch_3.bin", {});
+  expect_data_error([&] { read_source_dataset(SourceFormat::kCifar10, dir_, {}); },
+                    {"data_batch_3.bin", "empty file"});
+
+  write_valid_set();
+  fs::remove(path("test_batch.bin"));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kCifar10, dir_, {}); },
+                    {"test_batch.bin", "no such file"});
+}
+
+TEST(SourceFormat, Names) {
+  EXPECT_EQ(parse_source_format("fashion-mnist"), SourceFormat::kFashionMnist);
+  EXPECT_EQ(parse_source_format("mnist"), SourceFormat::kMnist);
+  EXPECT_EQ(parse_source_format("cifar10"), SourceFormat::kCifar10);
+  EXPECT_THROW(parse_source_format("cifar100"), ConfigError);
+}

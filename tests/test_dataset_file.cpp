@@ -1,0 +1,520 @@
+// The dataset file and the loader, at 1, 2 and 3 ranks, with both kinds of file access (MPI-IO
+// where HDF5 is parallel, and serial): exact round trips, closed-form mean/std, every kind of
+// foreign file rejected alike on every rank (nothing hangs in the collective open), and the
+// loader's order, last batch, early stop and error path, with the main thread communicating while
+// the loader thread reads.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "hpc_train/batch_loader.h"
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/epoch_plan.h"
+#include "hpc_train/error.h"
+#include "hpc_train/runtime.h"
+
+using namespace hpc_train;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+bool thread_multiple() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level >= MPI_THREAD_MULTIPLE;
+}
+
+// Both accesses where this build has them: kMpiIo needs a parallel HDF5 and MPI_THREAD_MULTIPLE.
+std::vector<FileAccess> accesses() {
+  std::vector<FileAccess> all = {FileAccess::kSerial};
+  if (preferred_file_access(thread_multiple()) == FileAccess::kMpiIo)
+    all.push_back(FileAccess::kMpiIo);
+  return all;
+}
+
+const char* access_name(FileAccess access) {
+  return access == FileAccess::kMpiIo ? "MPI-IO" : "serial";
+}
+
+constexpr int64_t kTrain = 37, kTest = 5, kChannels = 2, kHeight = 3, kWidth = 5, kClasses = 4;
+constexpr int64_t kSampleBytes = kChannels * kHeight * kWidth;
+
+uint8_t pixel(Split split, int64_t sample, int64_t offset) {
+  return static_cast<uint8_t>(sample * 13 + offset * 7 + (split == Split::kTest ? 101 : 0));
+}
+int64_t label(Split split, int64_t sample) {
+  return (sample * 7 + (split == Split::kTest ? 1 : 3)) % kClasses;
+}
+
+DatasetContents make_contents() {
+  DatasetContents c;
+  c.info.num_classes = kClasses;
+  c.info.class_names = {"zero", "one", "two", "three"};
+  c.info.channels = kChannels;
+  c.info.height = kHeight;
+  c.info.width = kWidth;
+  c.info.source = "test_dataset_file";
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    const bool train = split == Split::kTrain;
+    auto& images = train ? c.train_images : c.test_images;
+    auto& labels = train ? c.train_labels : c.test_labels;
+    for (int64_t s = 0; s < (train ? kTrain : kTest); ++s) {
+      labels.push_back(label(split, s));
+      for (int64_t i = 0; i < kSampleBytes; ++i) images.push_back(pixel(split, s, i));
+    }
+  }
+  return c;
+}
+
+void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got_label) {
+  EXPECT_EQ(got_label, label(split, index)) << "sample " << index;
+  for (int64_t i = 0; i < kSampleBytes; ++i)
+    ASSERT_EQ(image[i], pixel(split, index, i)) << "sample " << index << ", byte " << i;
+}
+
+template <typename F>
+void expect_data_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no DataError thrown";
+  } catch (const DataError& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
+  }
+}
+
+// Opens `path` for writing with the plain HDF5 API and lets `edit` change it: this is how the
+// foreign files below are made, bypassing every check of write_dataset_file.
+void edit_file(const std::string& path, const std::function<void(hid_t)>& edit) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  edit(file);
+  ASSERT_GE(H5Fclose(file), 0);
+}
+
+void replace_dataset(hid_t file, const char* name, hid_t type, std::vector<hsize_t> dims,
+                     const void* data = nullptr) {
+  ASSERT_GE(H5Ldelete(file, name, H5P_DEFAULT), 0);
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dataset = H5Dcreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(dataset, 0);
+  if (data) {
+    ASSERT_GE(H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), 0);
+  }
+  H5Dclose(dataset);
+  H5Sclose(space);
+}
+
+void replace_integer_attribute(hid_t file, const char* name, int64_t value) {
+  H5Adelete(file, name);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t attribute = H5Acreate2(file, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(attribute, 0);
+  H5Awrite(attribute, H5T_NATIVE_INT64, &value);
+  H5Aclose(attribute);
+  H5Sclose(space);
+}
+
+void replace_float_attribute(hid_t file, const char* name, std::vector<float> values) {
+  ASSERT_GE(H5Adelete(file, name), 0);
+  const hsize_t count = values.size();
+  const hid_t space = H5Screate_simple(1, &count, nullptr);
+  const hid_t attribute = H5Acreate2(file, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(attribute, H5T_NATIVE_FLOAT, values.data());
+  H5Aclose(attribute);
+  H5Sclose(space);
+}
+
+// Fixed-length strings (not what we write): the reader accepts both kinds.
+void replace_class_names(hid_t file, const std::vector<std::string>& names) {
+  ASSERT_GE(H5Adelete(file, "class_names"), 0);
+  const hid_t type = H5Tcopy(H5T_C_S1);
+  H5Tset_size(type, 8);
+  std::vector<char> buffer(names.size() * 8, '\0');
+  for (size_t i = 0; i < names.size(); ++i) names[i].copy(buffer.data() + 8 * i, 8);
+  const hsize_t count = names.size();
+  const hid_t space = H5Screate_simple(1, &count, nullptr);
+  const hid_t attribute = H5Acreate2(file, "class_names", type, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(attribute, type, buffer.data());
+  H5Aclose(attribute);
+  H5Sclose(space);
+  H5Tclose(type);
+}
+
+// A directory shared by all ranks (rank 0 makes it) with a valid dataset file in it.
+class DatasetFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string dir;
+    if (world_rank() == 0) {
+      std::string pattern = (fs::temp_directory_path() / "hpc_train_dataset_XXXXXX").string();
+      if (mkdtemp(pattern.data())) dir = pattern;
+    }
+    dir_ = broadcast_string(MPI_COMM_WORLD, dir, 0);
+    ASSERT_FALSE(dir_.empty());
+    valid_ = path("valid.h5");
+    if (world_rank() == 0) write_dataset_file(valid_, make_contents());
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) fs::remove_all(dir_);
+  }
+
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+
+  // A copy of the valid file, edited on rank 0, then visible to every rank.
+  std::string foreign(const std::string& name, const std::function<void(hid_t)>& edit) {
+    const std::string copy = path(name);
+    if (world_rank() == 0) {
+      fs::copy_file(valid_, copy, fs::copy_options::overwrite_existing);
+      edit_file(copy, edit);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return copy;
+  }
+
+  std::string dir_;
+  std::string valid_;
+};
+
+}  // namespace
+
+TEST_F(DatasetFileTest, RoundTripExactBytes) {
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(valid_, access, MPI_COMM_WORLD);
+    const DatasetInfo& info = file.info();
+    EXPECT_EQ(file.path(), valid_);
+    EXPECT_EQ(info.train_size, kTrain);
+    EXPECT_EQ(info.test_size, kTest);
+    EXPECT_EQ(info.num_classes, kClasses);
+    EXPECT_EQ(info.class_names, (std::vector<std::string>{"zero", "one", "two", "three"}));
+    EXPECT_EQ(info.channels, kChannels);
+    EXPECT_EQ(info.height, kHeight);
+    EXPECT_EQ(info.width, kWidth);
+    EXPECT_EQ(info.sample_bytes(), kSampleBytes);
+    EXPECT_EQ(info.source, "test_dataset_file");
+
+    // Any order, repeats, runs that cross chunk boundaries (16 samples a chunk).
+    std::vector<int64_t> indices = {36, 0, 5, 5, 17, 36, 1, 2, 3, 4};
+    for (int64_t i = 10; i < kTrain; ++i) indices.push_back(i);
+    std::vector<uint8_t> images(indices.size() * kSampleBytes);
+    std::vector<int64_t> labels(indices.size());
+    file.read_samples(Split::kTrain, indices, images.data(), labels.data());
+    for (size_t k = 0; k < indices.size(); ++k)
+      expect_sample(Split::kTrain, indices[k], images.data() + k * kSampleBytes, labels[k]);
+
+    const std::vector<int64_t> test_indices = {4, 3, 2, 1, 0};
+    file.read_samples(Split::kTest, test_indices, images.data(), labels.data());
+    for (size_t k = 0; k < test_indices.size(); ++k)
+      expect_sample(Split::kTest, test_indices[k], images.data() + k * kSampleBytes, labels[k]);
+
+    file.read_samples(Split::kTrain, {}, nullptr, nullptr);  // nothing to do
+  }
+}
+
+// Per channel, of the train images scaled to [0, 1]: channel 0 is half 0, half 255 (mean 0.5,
+// std 0.5); channel 1 of sample s is 51 s for s = 0..3, i.e. 0, 0.2, 0.4, 0.6 (mean 0.3,
+// std sqrt(0.05)).
+TEST_F(DatasetFileTest, MeanStdClosedForm) {
+  const std::string out = path("mean_std.h5");
+  if (world_rank() == 0) {
+    DatasetContents c;
+    c.info.num_classes = 2;
+    c.info.class_names = {"a", "b"};
+    c.info.channels = 2;
+    c.info.height = 1;
+    c.info.width = 2;
+    for (int s = 0; s < 4; ++s) {
+      c.train_images.insert(c.train_images.end(), {0, 255, static_cast<uint8_t>(51 * s),
+                                                   static_cast<uint8_t>(51 * s)});
+      c.train_labels.push_back(s % 2);
+    }
+    write_dataset_file(out, std::move(c));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const DatasetFile file = DatasetFile::open(out);
+  ASSERT_EQ(file.info().mean.size(), 2u);
+  EXPECT_NEAR(file.info().mean[0], 0.5, 1e-6);
+  EXPECT_NEAR(file.info().std[0], 0.5, 1e-6);
+  EXPECT_NEAR(file.info().mean[1], 0.3, 1e-6);
+  EXPECT_NEAR(file.info().std[1], std::sqrt(0.05), 1e-6);
+  EXPECT_EQ(file.info().test_size, 0);  // an empty test split is allowed
+}
+
+TEST_F(DatasetFileTest, WriteRejectsInconsistentContents) {
+  if (world_rank() != 0) return;  // serial writer; nothing collective here
+  const std::string out = path("bad.h5");
+  auto expect_rejected = [&](const std::function<void(DatasetContents&)>& spoil,
+                             std::initializer_list<std::string> parts) {
+    DatasetContents c = make_contents();
+    spoil(c);
+    expect_data_error([&] { write_dataset_file(out, std::move(c)); }, parts);
+  };
+  expect_rejected([](DatasetContents& c) { c.train_images.pop_back(); },
+                  {out, "train images have 1109 bytes, expected 1110"});
+  expect_rejected([](DatasetContents& c) { c.test_labels.push_back(0); },
+                  {out, "test images have 150 bytes, expected 180"});
+  expect_rejected([](DatasetContents& c) { c.train_labels[2] = 4; },
+                  {out, "train label[2] = 4 is outside [0, 4)"});
+  expect_rejected([](DatasetContents& c) { c.info.class_names.pop_back(); },
+                  {out, "3 class names for num_classes = 4"});
+  expect_rejected(
+      [](DatasetContents& c) {
+        c.train_labels.clear();
+        c.train_images.clear();
+      },
+      {out, "the train split is empty"});
+  // Nothing left behind: neither the final name nor the temporary one.
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir_)) left.push_back(entry.path().string());
+  EXPECT_EQ(left, std::vector<std::string>{valid_});
+
+  expect_data_error([&] { write_dataset_file(path("no/such/dir.h5"), make_contents()); },
+                    {"cannot write", "no/such/dir.h5", "no such directory"});
+  // A failure inside HDF5 (its temporary name is taken by a directory) names the file, the
+  // call and HDF5's own reason.
+  fs::create_directory(out + ".partial-" + std::to_string(getpid()));
+  expect_data_error([&] { write_dataset_file(out, make_contents()); },
+                    {"cannot write " + out, "H5Fcreate", "unable to create file"});
+}
+
+// Every rank sees the same bad file and throws the same DataError; with MPI-IO nobody is left
+// waiting in the collective open or close.
+TEST_F(DatasetFileTest, OpenRejectsForeignFiles) {
+  const std::string directory = path("a_directory.h5");
+  const std::string text = path("text.h5");
+  if (world_rank() == 0) {
+    fs::create_directory(directory);
+    std::ofstream(text) << "not an HDF5 file\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  const uint8_t image_bytes[kTrain * kSampleBytes] = {};
+  const float float_images[kTrain * kSampleBytes] = {};
+  std::vector<int64_t> short_labels(kTrain - 1, 0);
+  std::vector<int32_t> int32_labels;
+  for (int64_t s = 0; s < kTrain; ++s) int32_labels.push_back(static_cast<int32_t>(label(Split::kTrain, s)));
+
+  struct Case {
+    std::string file;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {path("missing.h5"), {"missing.h5: no such file"}},
+      {directory, {"a_directory.h5: is a directory"}},
+      {text, {"text.h5: not an HDF5 file"}},
+      {foreign("no_images.h5", [](hid_t f) { H5Ldelete(f, "/train/images", H5P_DEFAULT); }),
+       {"no_images.h5: missing dataset /train/images"}},
+      {foreign("no_test.h5", [](hid_t f) { H5Ldelete(f, "/test", H5P_DEFAULT); }),
+       {"no_test.h5: missing group /test"}},
+      {foreign("float_images.h5",
+               [&](hid_t f) {
+                 replace_dataset(f, "/train/images", H5T_NATIVE_FLOAT,
+                                 {kTrain, kChannels, kHeight, kWidth}, float_images);
+               }),
+       {"float_images.h5: /train/images has dtype 32-bit float",
+        "expected 8-bit unsigned integer"}},
+      {foreign("rank3.h5",
+               [&](hid_t f) {
+                 replace_dataset(f, "/train/images", H5T_NATIVE_UINT8,
+                                 {kTrain, kChannels * kHeight, kWidth}, image_bytes);
+               }),
+       {"rank3.h5: /train/images has shape 37x6x5, expected 4-D [N, C, H, W]"}},
+      {foreign("height.h5", [](hid_t f) { replace_integer_attribute(f, "height", 4); }),
+       {"height.h5: /train/images has shape 37x2x3x5",
+        "attributes channels, height, width say 2x4x5"}},
+      {foreign("short_labels.h5",
+               [&](hid_t f) {
+                 replace_dataset(f, "/train/labels", H5T_NATIVE_INT64, {kTrain - 1},
+                                 short_labels.data());
+               }),
+       {"short_labels.h5: /train/labels has 36 labels but /train/images has 37 samples"}},
+      {foreign("float_labels.h5",
+               [&](hid_t f) {
+                 replace_dataset(f, "/test/labels", H5T_NATIVE_FLOAT, {kTest}, float_images);
+               }),
+       {"float_labels.h5: /test/labels has dtype 32-bit float, expected integers"}},
+      {foreign("names.h5", [](hid_t f) { replace_class_names(f, {"a", "b", "c"}); }),
+       {"names.h5: class_names has 3 names but num_classes = 4"}},
+      {foreign("one_class.h5", [](hid_t f) { replace_integer_attribute(f, "num_classes", 1); }),
+       {"one_class.h5: num_classes = 1, expected at least 2"}},
+      {foreign("no_mean.h5", [](hid_t f) { H5Adelete(f, "mean"); }),
+       {"no_mean.h5: missing attribute 'mean'"}},
+      {foreign("std.h5", [](hid_t f) { replace_float_attribute(f, "std", {0.5f}); }),
+       {"std.h5: attribute 'std' has 1 values but channels = 2"}},
+      {foreign("version.h5", [](hid_t f) { replace_integer_attribute(f, "format_version", 2); }),
+       {"version.h5: format_version 2"}},
+      {foreign("empty_train.h5",
+               [](hid_t f) {
+                 replace_dataset(f, "/train/images", H5T_NATIVE_UINT8,
+                                 {0, kChannels, kHeight, kWidth});
+                 replace_dataset(f, "/train/labels", H5T_NATIVE_INT64, {0});
+               }),
+       {"empty_train.h5: the train split is empty"}},
+  };
+  for (FileAccess access : accesses()) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(access_name(access)) + ": " + c.file);
+      try {
+        DatasetFile::open(c.file, access, MPI_COMM_WORLD);
+        ADD_FAILURE() << "no DataError thrown";
+      } catch (const DataError& e) {
+        for (const std::string& part : c.parts)
+          EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+              << "message: " << e.what() << "\nmissing: " << part;
+      }
+    }
+    // Still usable afterwards, and other integer label types and fixed-length names are fine.
+    const std::string int32 = foreign(std::string("int32_") + access_name(access) + ".h5", [&](hid_t f) {
+      replace_dataset(f, "/train/labels", H5T_NATIVE_INT32, {kTrain}, int32_labels.data());
+      replace_class_names(f, {"zero", "one", "two", "three"});
+    });
+    const DatasetFile file = DatasetFile::open(int32, access, MPI_COMM_WORLD);
+    EXPECT_EQ(file.info().class_names, (std::vector<std::string>{"zero", "one", "two", "three"}));
+    std::vector<uint8_t> images(kSampleBytes);
+    int64_t got = -1;
+    file.read_samples(Split::kTrain, {30}, images.data(), &got);
+    expect_sample(Split::kTrain, 30, images.data(), got);
+  }
+}
+
+TEST_F(DatasetFileTest, ReadRejectsBadIndexAndLabel) {
+  const std::string corrupt = foreign("corrupt_label.h5", [](hid_t f) {
+    const hid_t dataset = H5Dopen2(f, "/train/labels", H5P_DEFAULT);
+    const hid_t space = H5Dget_space(dataset);
+    const hsize_t index = 20, one = 1;
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, &index, nullptr, &one, nullptr);
+    const hid_t memory = H5Screate_simple(1, &one, nullptr);
+    const int64_t value = 12;
+    EXPECT_GE(H5Dwrite(dataset, H5T_NATIVE_INT64, memory, space, H5P_DEFAULT, &value), 0);
+    H5Sclose(memory);
+    H5Sclose(space);
+    H5Dclose(dataset);
+  });
+  std::vector<uint8_t> images(3 * kSampleBytes);
+  std::vector<int64_t> labels(3);
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(corrupt, access, MPI_COMM_WORLD);
+    expect_data_error(
+        [&] { file.read_samples(Split::kTrain, {1, 37, 2}, images.data(), labels.data()); },
+        {"corrupt_label.h5: index 37 is outside /train (37 samples)"});
+    expect_data_error(
+        [&] { file.read_samples(Split::kTest, {-1}, images.data(), labels.data()); },
+        {"index -1 is outside /test (5 samples)"});
+    expect_data_error(
+        [&] { file.read_samples(Split::kTrain, {19, 20, 21}, images.data(), labels.data()); },
+        {"corrupt_label.h5: /train/labels[20] = 12 is outside [0, 4)"});
+    file.read_samples(Split::kTrain, {19, 21, 0}, images.data(), labels.data());  // fine
+    expect_sample(Split::kTrain, 21, images.data() + kSampleBytes, labels[1]);
+  }
+}
+
+// Each rank loads its part of an epoch while the main thread does MPI collectives between
+// batches (the trainer's pattern: the reads on the loader thread need MPI_THREAD_MULTIPLE).
+TEST_F(DatasetFileTest, LoaderDeliversThePlanInOrder) {
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(valid_, access, MPI_COMM_WORLD);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      const std::vector<int64_t> plan = rank_epoch_indices(
+          5, epoch, kTrain, world_size(), world_rank(), EpochTail::kPad, true);
+      const int64_t batch_size = 4;
+      BatchLoader loader(file, Split::kTrain, plan, batch_size, 2);
+      ASSERT_EQ(loader.num_batches(), (static_cast<int64_t>(plan.size()) + 3) / 4);
+      HostBatch batch;
+      int64_t expected_index = 0, seen = 0;
+      while (loader.next(batch)) {
+        EXPECT_EQ(batch.index_in_epoch, expected_index++);
+        const int64_t expected_size =
+            std::min<int64_t>(batch_size, static_cast<int64_t>(plan.size()) - seen);
+        ASSERT_EQ(batch.size, expected_size);  // the last batch is partial
+        ASSERT_EQ(batch.images.size(), static_cast<size_t>(batch.size * kSampleBytes));
+        for (int64_t k = 0; k < batch.size; ++k)
+          expect_sample(Split::kTrain, plan[seen + k], batch.images.data() + k * kSampleBytes,
+                        batch.labels[k]);
+        seen += batch.size;
+        int64_t total = 0;
+        MPI_Allreduce(&seen, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+      }
+      EXPECT_EQ(seen, static_cast<int64_t>(plan.size()));
+      EXPECT_FALSE(loader.next(batch));
+      EXPECT_GE(loader.wait_ms(), 0.0);
+    }
+    // An empty plan: no batches, no thread trouble.
+    BatchLoader empty(file, Split::kTest, {}, 4, 1);
+    HostBatch batch;
+    EXPECT_EQ(empty.num_batches(), 0);
+    EXPECT_FALSE(empty.next(batch));
+  }
+}
+
+TEST_F(DatasetFileTest, LoaderStopsEarlyWithoutHanging) {
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(valid_, access, MPI_COMM_WORLD);
+    std::vector<int64_t> plan;
+    for (int repeat = 0; repeat < 200; ++repeat)
+      for (int64_t i = 0; i < kTrain; ++i) plan.push_back(i);
+    const auto start = std::chrono::steady_clock::now();
+    for (int taken = 0; taken < 3; ++taken) {
+      BatchLoader loader(file, Split::kTrain, plan, 1, 1 + taken);
+      HostBatch batch;
+      for (int k = 0; k < taken; ++k) ASSERT_TRUE(loader.next(batch));
+    }  // destroyed with thousands of batches left
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  }
+}
+
+TEST_F(DatasetFileTest, LoaderRethrowsErrorsFromItsThread) {
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(valid_, access, MPI_COMM_WORLD);
+    BatchLoader loader(file, Split::kTrain, {0, 1, 2, 3, 4, 5, 99, 7}, 2, 4);
+    HostBatch batch;
+    ASSERT_TRUE(loader.next(batch));  // batches before the bad one still arrive, in order
+    ASSERT_TRUE(loader.next(batch));
+    ASSERT_TRUE(loader.next(batch));
+    EXPECT_EQ(batch.index_in_epoch, 2);
+    expect_data_error([&] { loader.next(batch); }, {"index 99 is outside /train (37 samples)"});
+    EXPECT_THROW(loader.next(batch), DataError);  // and again, not a hang
+  }
+}
+
+TEST_F(DatasetFileTest, LoaderRejectsBadArguments) {
+  const DatasetFile file = DatasetFile::open(valid_);
+  EXPECT_THROW(BatchLoader(file, Split::kTrain, {0, 1}, 0, 1), Error);
+  EXPECT_THROW(BatchLoader(file, Split::kTrain, {0, 1}, 2, 0), Error);
+}
+
+TEST(FileAccessChoice, PreferredAccess) {
+  EXPECT_EQ(preferred_file_access(false), FileAccess::kSerial);
+#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
+  EXPECT_EQ(preferred_file_access(true), FileAccess::kMpiIo);
+#else
+  EXPECT_EQ(preferred_file_access(true), FileAccess::kSerial);
+#endif
+}

@@ -1,0 +1,59 @@
+// The Communicator: collectives over the ranks of one MPI communicator, on tensors.
+//
+// Operations are asynchronous and return a `Work` handle (wait / test), so that a caller can
+// start a reduction and do something else meanwhile. This is the MPI backend: tensors in host
+// memory, reduced in place by MPI's non-blocking collectives.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
+#include <cstdint>
+
+namespace hpc_train {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// A collective in flight. Non-copyable, movable; waits in its destructor if nobody did, so
+// that a buffer is never released while MPI still writes to it (and never throws there).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(MPI_Request request) : request_(request) {}
+  ~Work();
+  Work(Work&& other) noexcept;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  void wait();  // blocks until done; throws Error on failure
+  bool test();  // true once done
+
+ private:
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+class Communicator {
+ public:
+  // Does not take ownership of `comm` (MPI_COMM_WORLD, MPI_COMM_SELF, or a caller's).
+  explicit Communicator(MPI_Comm comm);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm mpi_comm() const { return comm_; }
+
+  // In place on a contiguous host tensor (float, double, int32 or int64).
+  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  Work broadcast(at::Tensor& tensor, int root);
+
+  // Small blocking reductions for scalars and flags (loss sums, counts, agreement).
+  double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum);
+  int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum);
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace hpc_train

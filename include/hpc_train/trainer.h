@@ -1,0 +1,74 @@
+// The trainer: the epoch/step loop of data-parallel training, evaluation, logging cadence.
+//
+// One step (DESIGN.md, "the corridor"): the loader thread has the rank's next micro-batch in
+// host memory -> normalise -> forward -> cross entropy -> backward into the flat gradient buffer
+// -> all-reduce and average the gradients (Note [Gradient averaging]) -> Adam/AdamW on the flat
+// parameters. Every rank starts from rank 0's parameters, so all ranks stay identical.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "hpc_train/config.h"
+#include "hpc_train/dataset_file.h"
+
+namespace hpc_train {
+
+struct TrainerOutput {
+  std::string run_dir;      // rank 0 appends metrics.jsonl here; empty = no files
+  bool print = true;        // rank 0 prints progress and epoch lines
+  bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
+};
+
+struct EvalResult {
+  double loss = 0.0;       // mean cross entropy over the split
+  double accuracy = 0.0;   // correct / samples
+  int64_t correct = 0;
+  int64_t samples = 0;     // summed over ranks: the whole split, each sample once
+};
+
+struct TrainSummary {
+  int world_size = 1;
+  std::string model;
+  int64_t parameters = 0;
+  int epochs_completed = 0;
+  int64_t steps = 0;
+  int64_t global_batch = 0;
+  double final_train_loss = 0.0;  // mean over the last epoch's steps (or those run of it)
+  EvalResult test;
+  double wall_s = 0.0;            // the whole run, evaluation included
+  double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
+  double ms_per_step = 0.0;       // likewise
+  nlohmann::json to_json() const;
+};
+
+// Sets LibTorch's intra-op threads of this process (compute_threads_per_rank in runtime.h).
+void set_compute_threads(int threads);
+
+class Trainer {
+ public:
+  // Builds the model (ConfigError for an unknown name), moves it into flat storage and
+  // broadcasts rank 0's parameters. Collective over `comm`.
+  Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
+          TrainerOutput output);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains for config.epochs (or config.max_steps), evaluating after every epoch.
+  TrainSummary run();
+  // Loss and accuracy on the test split, exact counts over all ranks. Collective.
+  EvalResult evaluate();
+  // The model's parameters, flat (a view of the live buffer).
+  at::Tensor flat_parameters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hpc_train

@@ -1,0 +1,80 @@
+// hpc_train: data-parallel training, one MPI rank per GPU (or 3 ranks on a CPU-only machine).
+//
+// Reads as a table of contents:
+//   config   -> the command line and INI file, validated            (config.h)
+//   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
+//   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
+//   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h)
+//   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
+//   summary  -> printed by rank 0 and written to summary.json
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "hpc_train/config.h"
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/error.h"
+#include "hpc_train/run_dir.h"
+#include "hpc_train/runtime.h"
+#include "hpc_train/trainer.h"
+
+using namespace hpc_train;
+
+int main(int argc, char** argv) {
+  Runtime runtime(&argc, &argv);
+  return run_or_abort(runtime, [&] {
+    CommandLine command_line;
+    run_agreed_phase(runtime, [&] {
+      command_line = parse_command_line(argc, argv);
+      if (command_line.action == CommandLine::Action::kTrain) validate(command_line.config);
+    });
+    if (command_line.action == CommandLine::Action::kPrintAndExit) {
+      if (runtime.rank() == 0) std::printf("%s", command_line.text.c_str());
+      return kExitOk;
+    }
+    TrainConfig& config = command_line.config;
+    config.run_dir = create_run_directory(runtime, config.run_dir);
+    const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
+    set_compute_threads(threads);
+    if (runtime.rank() == 0) {
+      const std::string resolved = to_ini(config);
+      write_file_atomically(config.run_dir + "/config.ini", resolved);
+      std::printf("hpc_train %s: %d rank(s) on the CPU, %d compute thread(s) per rank\n%s\n",
+                  HPC_TRAIN_VERSION, runtime.world_size(), threads, resolved.c_str());
+      std::fflush(stdout);
+    }
+
+    std::optional<DatasetFile> dataset;
+    run_agreed_phase(runtime, [&] {
+      dataset.emplace(DatasetFile::open(config.dataset_path,
+                                        preferred_file_access(runtime.thread_multiple()),
+                                        runtime.world()));
+    });
+
+    TrainerOutput output;
+    output.run_dir = config.run_dir;
+    output.progress_bar =
+        config.progress == "bar" || (config.progress == "auto" && stdout_is_terminal());
+    std::unique_ptr<Trainer> trainer;
+    run_agreed_phase(runtime, [&] {
+      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output);
+    });
+
+    const TrainSummary summary = trainer->run();
+
+    if (runtime.rank() == 0) {
+      nlohmann::json record = summary.to_json();
+      record["dataset"] = config.dataset_path;
+      record["micro_batch"] = config.micro_batch;
+      record["threads_per_rank"] = threads;
+      record["run_dir"] = config.run_dir;
+      write_file_atomically(config.run_dir + "/summary.json", record.dump(2) + "\n");
+      std::printf("Finished: %d epoch(s), %lld steps in %.1f s, %.1f samples/s, %.2f ms/step; "
+                  "test loss %.4f, test accuracy %.2f%%\nRun directory: %s\n",
+                  summary.epochs_completed, static_cast<long long>(summary.steps),
+                  summary.wall_s, summary.samples_per_s, summary.ms_per_step, summary.test.loss,
+                  100.0 * summary.test.accuracy, config.run_dir.c_str());
+    }
+    return kExitOk;
+  });
+}

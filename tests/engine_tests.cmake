@@ -1,0 +1,17 @@
+# Tests of the LibTorch parts: communicator, flat storage, optimizer, data-parallel equivalence,
+# and the hpc_train executable end to end.
+add_library(hpc_train_test_support STATIC support/synthetic_dataset.cpp)
+target_link_libraries(hpc_train_test_support PUBLIC hpc_train_core)
+
+hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
+                   LIBS hpc_train_engine)
+hpc_train_add_test(NAME test_optimizer SOURCES test_optimizer.cpp test_flat_parameters.cpp
+                   RANKS 1 LIBS hpc_train_engine)
+hpc_train_add_test(NAME test_equivalence SOURCES test_equivalence.cpp RANKS 2 3 TIMEOUT 300
+                   LIBS hpc_train_engine hpc_train_test_support)
+
+add_executable(corrupt_label support/corrupt_label.cpp)
+target_link_libraries(corrupt_label PRIVATE HDF5::HDF5 MPI::MPI_C)
+hpc_train_add_script_test(NAME test_errors SCRIPT test_errors.sh TIMEOUT 240)
+set_property(TEST test_errors APPEND PROPERTY ENVIRONMENT "CORRUPT_LABEL=$<TARGET_FILE:corrupt_label>")
+hpc_train_add_script_test(NAME test_end_to_end SCRIPT test_end_to_end.sh TIMEOUT 600)

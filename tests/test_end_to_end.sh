@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End to end: 3 ranks train simple_cnn on a 2,000-sample slice of the real Fashion-MNIST for
+# one epoch and must reach more than 70% test accuracy; the run directory holds the resolved
+# configuration, the metrics and the summary.
+set -euo pipefail
+work="$HPC_TRAIN_TEST_WORK"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source_dir=/usr/share/datasets/fashion-mnist
+[ -f "$source_dir/train-images-idx3-ubyte.gz" ] || {
+  echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist"; exit 1; }
+
+"$HPC_TRAIN_DATA" convert fashion-mnist "$source_dir" slice.h5 --max-train 2000 --max-test 2000
+timeout 500 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --dataset slice.h5 --epochs 1 \
+  --micro-batch 16 --log-every 10 --run-dir run | tee train.out
+
+grep -qE '^Epoch \[1/1\], Step \[10/42\], Loss: [0-9.]+' train.out
+for f in config.ini metrics.jsonl summary.json; do [ -s "run/$f" ] || { echo "run/$f missing"; exit 1; }; done
+grep -q '^micro_batch = 16' run/config.ini
+python3 - <<'PY'
+import json
+summary = json.load(open("run/summary.json"))
+records = [json.loads(line) for line in open("run/metrics.jsonl")]
+print("summary:", summary)
+assert summary["world_size"] == 3 and summary["model"] == "simple_cnn", summary
+assert summary["epochs_completed"] == 1 and summary["steps"] == 42, summary
+assert summary["test_samples"] == 2000, summary
+assert summary["test_accuracy"] > 0.70, f"test accuracy {summary['test_accuracy']} <= 0.70"
+assert summary["samples_per_s"] > 0 and summary["wall_s"] > 0
+kinds = [r["kind"] for r in records]
+assert kinds.count("train") == 5 and kinds.count("epoch") == 1, kinds
+PY
+echo "end-to-end passed"

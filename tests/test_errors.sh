@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Bad input ends every rank with a non-zero exit within 30 s and a message naming the problem:
+# a missing dataset, corrupt and truncated files, invalid option values, and a label out of
+# range that only one rank meets in the middle of training.
+set -euo pipefail
+work="$HPC_TRAIN_TEST_WORK"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0
+
+# expect_failure NAME EXIT_CODE TEXT -- hpc_train options...
+expect_failure() {
+  local name=$1 expected_rc=$2 text=$3
+  shift 4
+  local start rc elapsed
+  start=$(date +%s)
+  set +e
+  timeout 60 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --run-dir "$work/run-$name" "$@" \
+    > "$name.out" 2> "$name.err"
+  rc=$?
+  set -e
+  elapsed=$(( $(date +%s) - start ))
+  if [ "$rc" -ne "$expected_rc" ] || [ "$elapsed" -gt 30 ] || ! grep -qF -- "$text" "$name.err"; then
+    echo "FAIL $name: exit $rc (want $expected_rc), ${elapsed}s (want <= 30), stderr:"
+    cat "$name.err"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: exit $rc in ${elapsed}s: $(grep -F -- "$text" "$name.err" | head -n 1)"
+  fi
+}
+
+expect_failure missing-dataset 3 "$work/nowhere.h5" -- --dataset "$work/nowhere.h5"
+
+head -c 4096 /dev/urandom > garbage.h5
+expect_failure garbage-file 3 "garbage.h5" -- --dataset garbage.h5
+
+"$HPC_TRAIN_DATA" convert fashion-mnist /usr/share/datasets/fashion-mnist small.h5 \
+  --max-train 600 --max-test 100 > /dev/null
+head -c "$(( $(stat -c %s small.h5) / 2 ))" small.h5 > truncated.h5
+expect_failure truncated-file 3 "truncated.h5" -- --dataset truncated.h5
+
+expect_failure zero-micro-batch 2 "--micro-batch" -- --dataset small.h5 --micro-batch 0
+expect_failure malformed-number 2 "epochs" -- --dataset small.h5 --epochs ten
+expect_failure unknown-option 2 "--bogus" -- --dataset small.h5 --bogus 1
+expect_failure unknown-model 2 "resnet18" -- --dataset small.h5 --model vgg99
+
+# One rank meets the bad label while the others train on: the job must still end, naming it.
+cp small.h5 bad-label.h5
+"$CORRUPT_LABEL" bad-label.h5 train 321 42
+expect_failure bad-label 3 "= 42" -- --dataset bad-label.h5 --epochs 1 --micro-batch 16
+
+[ "$failures" -eq 0 ] && echo "all error cases passed" || { echo "$failures error case(s) failed"; exit 1; }

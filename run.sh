@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The two commands of the README:
+#   ./run.sh train [hpc_train options]   install what is missing, build, prepare Fashion-MNIST,
+#                                        train the default configuration with mpirun
+#   ./run.sh test                        the same set-up, then every test (what .ci/run runs)
+# Environment: HPC_TRAIN_RANKS (ranks for `train`; default 3 on a CPU-only machine),
+# HPC_TRAIN_BUILD_DIR (default build), HPC_TRAIN_SKIP_APT=1 (never call apt-get).
+set -euo pipefail
+cd "$(dirname "$0")"
+mode=${1:-train}
+[ $# -gt 0 ] && shift
+build_dir=${HPC_TRAIN_BUILD_DIR:-build}
+
+# Debian 12 / Ubuntu 24.04 package names of everything the build, the data and the tests need.
+packages=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libopenmpi-dev
+          openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev nlohmann-json3-dev
+          zlib1g-dev libgtest-dev dataset-fashion-mnist python3)
+
+install_missing_packages() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "${HPC_TRAIN_SKIP_APT:-0}" = 1 ] || ! command -v apt-get > /dev/null; then
+    echo "run.sh: missing packages: ${missing[*]} (install them, or load the equivalent modules)" >&2
+    return 0
+  fi
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  echo "run.sh: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$build_dir" -j "$(nproc)"
+}
+
+prepare_dataset() {
+  [ -f data/fashion-mnist.h5 ] && return 0
+  "$build_dir/hpc_train_data" convert fashion-mnist /usr/share/datasets/fashion-mnist \
+    data/fashion-mnist.h5
+}
+
+# Open MPI refuses to run as root (containers, CI) unless told that it is meant.
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+case "$mode" in
+  train)
+    install_missing_packages
+    build
+    prepare_dataset
+    ranks=${HPC_TRAIN_RANKS:-3}
+    exec mpirun -np "$ranks" --oversubscribe "$build_dir/hpc_train" "$@"
+    ;;
+  test)
+    install_missing_packages
+    build
+    cd "$build_dir" && exec ctest --output-on-failure "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh train [hpc_train options] | ./run.sh test [ctest options]" >&2
+    exit 2
+    ;;
+esac

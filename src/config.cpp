@@ -56,6 +56,8 @@ struct SectionSpec {
 const SectionSpec kSections[] = {{"data", "Data"},
                                  {"model", "Model"},
                                  {"training", "Training"},
+                                 {"zero", "ZeRO and precision"},
+                                 {"comm", "Gradient communication"},
                                  {"runtime", "Runtime"},
                                  {"output", "Output"}};
 
@@ -75,6 +77,36 @@ const OptionSpec kOptions[] = {
     {"eps", "training", &TrainConfig::eps, "Adam's denominator epsilon"},
     {"weight-decay", "training", &TrainConfig::weight_decay, "decoupled for adamw, L2 for adam"},
     {"seed", "training", &TrainConfig::seed, "seeds initialisation and the epoch plan"},
+    {"grad-accum", "training", &TrainConfig::grad_accum, "micro-steps per optimizer step"},
+    {"clip-grad", "training", &TrainConfig::clip_grad,
+     "max global gradient norm; 0 = no clipping"},
+    {"lr-schedule", "training", &TrainConfig::lr_schedule, "constant, warmup or warmup-cosine"},
+    {"warmup-steps", "training", &TrainConfig::warmup_steps,
+     "optimizer steps of warm-up; 0 = none"},
+    {"warmup-type", "training", &TrainConfig::warmup_type,
+     "linear or log (DeepSpeed's default is log)"},
+    {"warmup-start-ratio", "training", &TrainConfig::warmup_start_ratio,
+     "lr at step 0, as a fraction of --lr"},
+    {"cosine-final-ratio", "training", &TrainConfig::cosine_final_ratio,
+     "lr at the cosine's end, as a fraction of --lr"},
+    {"schedule-steps", "training", &TrainConfig::schedule_steps,
+     "the cosine's length in steps; 0 = whole run"},
+    {"zero-stage", "zero", &TrainConfig::zero_stage,
+     "0 none; 1 optimizer state; 2 also gradients"},
+    {"precision", "zero", &TrainConfig::precision, "fp32, fp16 or bf16 (the model's dtype)"},
+    {"loss-scale", "zero", &TrainConfig::loss_scale, "fixed fp16 loss scale; 0 = dynamic"},
+    {"initial-scale-power", "zero", &TrainConfig::initial_scale_power,
+     "the dynamic loss scale starts at 2^N"},
+    {"loss-scale-window", "zero", &TrainConfig::loss_scale_window,
+     "clean steps before the dynamic scale doubles"},
+    {"hysteresis", "zero", &TrainConfig::hysteresis, "overflows tolerated before halving"},
+    {"min-loss-scale", "zero", &TrainConfig::min_loss_scale,
+     "an overflow at this scale stops the run"},
+    {"bucket-mb", "comm", &TrainConfig::bucket_mb, "gradient bucket size, MiB"},
+    {"first-bucket-mb", "comm", &TrainConfig::first_bucket_mb,
+     "the first (last layers') bucket, MiB"},
+    {"overlap-comm", "comm", &TrainConfig::overlap_comm,
+     "reduce a full bucket while backward goes on"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
     {"run-dir", "output", &TrainConfig::run_dir, "logs, metrics; empty = runs/<UTC timestamp>"},
@@ -217,7 +249,13 @@ po::options_description command_line_options(const TrainConfig& defaults) {
   general.add_options()("help,h", "print this help and exit")(
       "version", "print the version and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
-      "read options from this INI file");
+      "read options from this INI file")(
+      "deepspeed-config", po::value<std::string>()->value_name("FILE"),
+      "map a DeepSpeed ds_config.json onto options")(
+      "deepspeed-allow-unknown",
+      po::value<std::string>()->implicit_value("true", "")->value_name("[=true|false]")
+          ->default_value("false"),
+      "unknown ds_config keys warn instead of failing");
   all.add(general);
   for (const SectionSpec& section : kSections) {
     po::options_description group(std::string(section.caption) + " [" + section.name + "]",
@@ -254,12 +292,15 @@ std::string help_text(const po::options_description& options) {
           "Every option may also be given in an INI file passed with --config FILE, as\n"
           "'name = value' (the name with _ for -) under its [section]. The command line\n"
           "wins over the file, and the file over the defaults shown as (=...).\n"
+          "A DeepSpeed ds_config.json (--deepspeed-config FILE) overrides the INI file\n"
+          "and the defaults, but not what is given on the command line.\n"
        << options;
   return text.str();
 }
 
 std::vector<std::string> command_line_names() {
-  std::vector<std::string> names = {"--help", "--version", "--config"};
+  std::vector<std::string> names = {"--help", "--version", "--config", "--deepspeed-config",
+                                    "--deepspeed-allow-unknown"};
   for (const OptionSpec& option : kOptions) names.push_back(std::string("--") + option.name);
   return names;
 }
@@ -441,6 +482,22 @@ CommandLine parse_command_line(int argc, const char* const argv[]) {
                                         : std::string("hpc_train ") + HPC_TRAIN_VERSION + "\n";
       return result;
     }
+    // Note: every option given on the command line is recorded, general ones included, so that
+    // a later source of values (the DeepSpeed config) can leave exactly those alone.
+    for (const auto& [name, value] : given) {
+      if (!value.defaulted()) result.given_on_command_line.insert(name);
+    }
+    if (given.count("deepspeed-config")) {
+      result.deepspeed.path = given["deepspeed-config"].as<std::string>();
+      if (result.deepspeed.path.empty()) {
+        throw ConfigError(see_help("--deepspeed-config '': give the ds_config.json file"));
+      }
+    }
+    const std::string allow_unknown = given["deepspeed-allow-unknown"].as<std::string>();
+    if (!parse_value(allow_unknown, result.deepspeed.allow_unknown_keys).empty()) {
+      throw ConfigError(see_help("--deepspeed-allow-unknown=" + allow_unknown +
+                                 ": expected true or false, e.g. --deepspeed-allow-unknown"));
+    }
     std::map<std::string, IniValue> from_file;
     if (given.count("config")) {
       result.config_file = given["config"].as<std::string>();
@@ -505,6 +562,48 @@ void validate(const TrainConfig& c) {
   require(std::isfinite(c.eps) && c.eps > 0, "eps", c.eps, "must be a finite number > 0, e.g. 1e-8");
   require(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight-decay", c.weight_decay,
           "must be a finite number >= 0 (0 turns it off)");
+  require(c.grad_accum >= 1, "grad-accum", c.grad_accum,
+          "must be at least 1 (micro-steps per optimizer step; 1 = no accumulation)");
+  require(std::isfinite(c.clip_grad) && c.clip_grad >= 0, "clip-grad", c.clip_grad,
+          "must be a finite number >= 0 (0 turns clipping off), e.g. 1.0");
+  require(c.lr_schedule == "constant" || c.lr_schedule == "warmup" ||
+              c.lr_schedule == "warmup-cosine",
+          "lr-schedule", c.lr_schedule, "must be constant, warmup or warmup-cosine");
+  require(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps,
+          "must be 0 (no warm-up) or more (optimizer steps)");
+  require(c.warmup_type == "linear" || c.warmup_type == "log", "warmup-type", c.warmup_type,
+          "must be linear or log");
+  require(c.warmup_start_ratio >= 0 && c.warmup_start_ratio <= 1, "warmup-start-ratio",
+          c.warmup_start_ratio, "must be in [0, 1] (a fraction of --lr), e.g. 0.1");
+  require(c.cosine_final_ratio >= 0 && c.cosine_final_ratio <= 1, "cosine-final-ratio",
+          c.cosine_final_ratio, "must be in [0, 1] (a fraction of --lr), e.g. 0.01");
+  require(c.schedule_steps >= 0, "schedule-steps", c.schedule_steps,
+          "must be 0 (the cosine lasts the whole run) or more (optimizer steps)");
+  // A cosine that would end before its warm-up does has no shape; 0 is resolved by the trainer.
+  require(c.lr_schedule != "warmup-cosine" || c.schedule_steps == 0 ||
+              c.schedule_steps >= c.warmup_steps,
+          "schedule-steps", c.schedule_steps,
+          "the cosine would end before the warm-up (--warmup-steps " +
+              std::to_string(c.warmup_steps) + ") does; give at least " +
+              std::to_string(c.warmup_steps) + ", or 0 for the whole run");
+  require(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage,
+          "must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not supported)");
+  require(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16", "precision",
+          c.precision, "must be fp32, fp16 or bf16");
+  require(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "loss-scale", c.loss_scale,
+          "must be 0 (dynamic) or a fixed scale > 0, e.g. 1024");
+  require(c.initial_scale_power >= 0 && c.initial_scale_power <= 64, "initial-scale-power",
+          c.initial_scale_power, "must be in [0, 64] (the scale starts at 2^N), e.g. 16");
+  require(c.loss_scale_window >= 1, "loss-scale-window", c.loss_scale_window,
+          "must be at least 1 (steps without overflow before the scale doubles), e.g. 1000");
+  require(c.hysteresis >= 1, "hysteresis", c.hysteresis,
+          "must be at least 1 (1 halves the scale at every overflow), e.g. 2");
+  require(std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0, "min-loss-scale",
+          c.min_loss_scale, "must be a finite number > 0, e.g. 1");
+  require(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "bucket-mb", c.bucket_mb,
+          "must be a finite number of MiB > 0, e.g. 25");
+  require(std::isfinite(c.first_bucket_mb) && c.first_bucket_mb > 0, "first-bucket-mb",
+          c.first_bucket_mb, "must be a finite number of MiB > 0, e.g. 1");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");

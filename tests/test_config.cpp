@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,24 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.eps, b.eps);
   EXPECT_EQ(a.weight_decay, b.weight_decay);
   EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.grad_accum, b.grad_accum);
+  EXPECT_EQ(a.clip_grad, b.clip_grad);
+  EXPECT_EQ(a.lr_schedule, b.lr_schedule);
+  EXPECT_EQ(a.warmup_steps, b.warmup_steps);
+  EXPECT_EQ(a.warmup_type, b.warmup_type);
+  EXPECT_EQ(a.warmup_start_ratio, b.warmup_start_ratio);
+  EXPECT_EQ(a.cosine_final_ratio, b.cosine_final_ratio);
+  EXPECT_EQ(a.schedule_steps, b.schedule_steps);
+  EXPECT_EQ(a.zero_stage, b.zero_stage);
+  EXPECT_EQ(a.precision, b.precision);
+  EXPECT_EQ(a.loss_scale, b.loss_scale);
+  EXPECT_EQ(a.initial_scale_power, b.initial_scale_power);
+  EXPECT_EQ(a.loss_scale_window, b.loss_scale_window);
+  EXPECT_EQ(a.hysteresis, b.hysteresis);
+  EXPECT_EQ(a.min_loss_scale, b.min_loss_scale);
+  EXPECT_EQ(a.bucket_mb, b.bucket_mb);
+  EXPECT_EQ(a.first_bucket_mb, b.first_bucket_mb);
+  EXPECT_EQ(a.overlap_comm, b.overlap_comm);
   EXPECT_EQ(a.threads_per_rank, b.threads_per_rank);
   EXPECT_EQ(a.run_dir, b.run_dir);
   EXPECT_EQ(a.log_every, b.log_every);
@@ -97,12 +116,104 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.eps, 1e-8);
   EXPECT_EQ(config.weight_decay, 0.01);
   EXPECT_EQ(config.seed, 42u);
+  // No accumulation, clipping or schedule; fp32 without ZeRO; DDP-like buckets with overlap.
+  EXPECT_EQ(config.grad_accum, 1);
+  EXPECT_EQ(config.clip_grad, 0.0);
+  EXPECT_EQ(config.lr_schedule, "constant");
+  EXPECT_EQ(config.warmup_steps, 0);
+  EXPECT_EQ(config.warmup_type, "linear");
+  EXPECT_EQ(config.warmup_start_ratio, 0.0);
+  EXPECT_EQ(config.cosine_final_ratio, 0.0);
+  EXPECT_EQ(config.schedule_steps, 0);
+  EXPECT_EQ(config.zero_stage, 0);
+  EXPECT_EQ(config.precision, "fp32");
+  // The fp16 loss scaler's defaults are DeepSpeed's.
+  EXPECT_EQ(config.loss_scale, 0.0);
+  EXPECT_EQ(config.initial_scale_power, 16);
+  EXPECT_EQ(config.loss_scale_window, 1000);
+  EXPECT_EQ(config.hysteresis, 2);
+  EXPECT_EQ(config.min_loss_scale, 1.0);
+  EXPECT_EQ(config.bucket_mb, 25.0);
+  EXPECT_EQ(config.first_bucket_mb, 1.0);
+  EXPECT_TRUE(config.overlap_comm);
   EXPECT_NO_THROW(validate(config));
 
   const CommandLine command_line = parse({});
   EXPECT_EQ(command_line.action, CommandLine::Action::kTrain);
   EXPECT_TRUE(command_line.config_file.empty());
+  EXPECT_TRUE(command_line.deepspeed.path.empty());
+  EXPECT_FALSE(command_line.deepspeed.allow_unknown_keys);
+  EXPECT_TRUE(command_line.given_on_command_line.empty());
   expect_same(command_line.config, config);
+}
+
+TEST(Config, CommandLineSetsTrainingZeroAndCommOptions) {
+  const TrainConfig c =
+      parse({"--grad-accum", "4", "--clip-grad", "1.5", "--lr-schedule", "warmup-cosine",
+             "--warmup-steps", "300", "--warmup-type", "log", "--warmup-start-ratio", "0.1",
+             "--cosine-final-ratio", "0.01", "--schedule-steps", "9000", "--zero-stage", "2",
+             "--precision", "bf16", "--loss-scale", "1024", "--initial-scale-power", "12",
+             "--loss-scale-window", "200", "--hysteresis", "3", "--min-loss-scale", "0.5",
+             "--bucket-mb", "50", "--first-bucket-mb=2.5", "--overlap-comm=false"})
+          .config;
+  EXPECT_EQ(c.grad_accum, 4);
+  EXPECT_EQ(c.clip_grad, 1.5);
+  EXPECT_EQ(c.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(c.warmup_steps, 300);
+  EXPECT_EQ(c.warmup_type, "log");
+  EXPECT_EQ(c.warmup_start_ratio, 0.1);
+  EXPECT_EQ(c.cosine_final_ratio, 0.01);
+  EXPECT_EQ(c.schedule_steps, 9000);
+  EXPECT_EQ(c.zero_stage, 2);
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.loss_scale, 1024.0);
+  EXPECT_EQ(c.initial_scale_power, 12);
+  EXPECT_EQ(c.loss_scale_window, 200);
+  EXPECT_EQ(c.hysteresis, 3);
+  EXPECT_EQ(c.min_loss_scale, 0.5);
+  EXPECT_EQ(c.bucket_mb, 50.0);
+  EXPECT_EQ(c.first_bucket_mb, 2.5);
+  EXPECT_FALSE(c.overlap_comm);
+  EXPECT_NO_THROW(validate(c));
+}
+
+TEST(Config, DeepSpeedOptions) {
+  CommandLine command_line = parse({"--deepspeed-config", "configs/ds_origin.json"});
+  EXPECT_EQ(command_line.deepspeed.path, "configs/ds_origin.json");
+  EXPECT_FALSE(command_line.deepspeed.allow_unknown_keys);
+  command_line = parse({"--deepspeed-config=ds.json", "--deepspeed-allow-unknown"});
+  EXPECT_EQ(command_line.deepspeed.path, "ds.json");
+  EXPECT_TRUE(command_line.deepspeed.allow_unknown_keys);
+  EXPECT_FALSE(parse({"--deepspeed-allow-unknown=false"}).deepspeed.allow_unknown_keys);
+  // Not TrainConfig fields: to_ini does not carry them (the imported values land in the fields).
+  EXPECT_EQ(to_ini(command_line.config), to_ini(TrainConfig{}));
+  EXPECT_EQ(to_ini(command_line.config).find("deepspeed"), std::string::npos);
+
+  std::string message = parse_error({"--deepspeed-allow-unknown=maybe"});
+  EXPECT_NE(message.find("--deepspeed-allow-unknown=maybe: expected true or false"),
+            std::string::npos) << message;
+  message = parse_error({"--deepspeed-config", ""});
+  EXPECT_NE(message.find("--deepspeed-config '':"), std::string::npos) << message;
+  message = parse_error({"--deepspeed-confg", "x.json"});
+  EXPECT_NE(message.find("did you mean --deepspeed-config?"), std::string::npos) << message;
+}
+
+TEST_F(ConfigTest, GivenOnCommandLineNamesOnlyTheCommandLinesOptions) {
+  const std::string path = write("run.ini",
+                                 "[training]\nmicro_batch = 16\nlr = 0.1\n"
+                                 "[zero]\nzero_stage = 1\n[comm]\noverlap_comm = false\n");
+  const CommandLine command_line =
+      parse({"--config", path, "--lr", "0.2", "--precision", "fp16", "--drop-last",
+             "--overlap-comm=true", "--deepspeed-config", "ds.json"});
+  const std::set<std::string> expected = {"config", "lr", "precision", "drop-last",
+                                          "overlap-comm", "deepspeed-config"};
+  EXPECT_EQ(command_line.given_on_command_line, expected);
+  EXPECT_EQ(command_line.config.lr, 0.2);
+  EXPECT_EQ(command_line.config.micro_batch, 16);  // from the file, so not "given"
+  EXPECT_EQ(command_line.config.zero_stage, 1);
+  EXPECT_TRUE(command_line.config.overlap_comm);  // the command line wins
+  // A value equal to the default still counts: it was asked for.
+  EXPECT_EQ(parse({"--epochs", "10"}).given_on_command_line, std::set<std::string>{"epochs"});
 }
 
 TEST(Config, CommandLineSetsEveryOption) {
@@ -139,6 +250,9 @@ TEST(Config, FlagTakesAnExplicitValue) {
   EXPECT_TRUE(parse({"--drop-last=true"}).config.drop_last);
   EXPECT_FALSE(parse({"--drop-last", "false"}).config.drop_last);
   EXPECT_TRUE(parse({"--drop-last", "--epochs", "3"}).config.drop_last);
+  EXPECT_FALSE(parse({"--overlap-comm=false"}).config.overlap_comm);
+  EXPECT_FALSE(parse({"--overlap-comm", "off"}).config.overlap_comm);
+  EXPECT_TRUE(parse({"--overlap-comm"}).config.overlap_comm);
   // A negative number is a value, not an option (validate() rejects it later).
   EXPECT_EQ(parse({"--max-steps", "-1"}).config.max_steps, -1);
 }
@@ -188,9 +302,35 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.seed = 18446744073709551615u;
   config.run_dir = "runs/a";
   config.progress = "lines";
+  config.grad_accum = 8;
+  config.clip_grad = 0.7;
+  config.lr_schedule = "warmup";
+  config.warmup_steps = 1000;
+  config.warmup_type = "log";
+  config.warmup_start_ratio = 0.1;
+  config.cosine_final_ratio = 1e-4;
+  config.schedule_steps = 123456;
+  config.zero_stage = 2;
+  config.precision = "fp16";
+  config.loss_scale = 0.5;
+  config.initial_scale_power = 20;
+  config.loss_scale_window = 77;
+  config.hysteresis = 5;
+  config.min_loss_scale = 1.0 / 1024;
+  config.bucket_mb = 2e8 * 2 / (1024.0 * 1024.0);  // an imported DeepSpeed bucket: 381.47 MiB
+  config.first_bucket_mb = 0.1;
+  config.overlap_comm = false;
   const std::string text = to_ini(config);
   EXPECT_EQ(text.rfind("# hpc_train resolved configuration\n", 0), 0u) << text;
-  for (const char* section : {"[data]", "[model]", "[training]", "[runtime]", "[output]"}) {
+  // Sections in order, the new ones after [training].
+  EXPECT_LT(text.find("\n[training]\n"), text.find("\n[zero]\n")) << text;
+  EXPECT_LT(text.find("\n[zero]\n"), text.find("\n[comm]\n")) << text;
+  EXPECT_LT(text.find("\n[comm]\n"), text.find("\n[runtime]\n")) << text;
+  EXPECT_NE(text.find("\n[zero]\nzero_stage = 2\nprecision = fp16\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("overlap_comm = false\n"), std::string::npos) << text;
+  for (const char* section :
+       {"[data]", "[model]", "[training]", "[zero]", "[comm]", "[runtime]", "[output]"}) {
     EXPECT_NE(text.find(std::string("\n") + section + "\n"), std::string::npos) << section;
   }
   EXPECT_NE(text.find("drop_last = true\n"), std::string::npos) << text;
@@ -211,7 +351,16 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--max-steps N (=0)", "--micro-batch N (=64)", "--optimizer TEXT (=adamw)",
         "--lr X (=0.001)", "--beta1 X (=0.9)", "--beta2 X (=0.999)", "--eps X (=1e-08)",
         "--weight-decay X (=0.01)", "--seed N (=42)", "--threads-per-rank N (=0)",
-        "--run-dir TEXT", "--log-every N (=50)", "--progress TEXT (=auto)"}) {
+        "--run-dir TEXT", "--log-every N (=50)", "--progress TEXT (=auto)",
+        "--deepspeed-config FILE", "--deepspeed-allow-unknown [=true|false] (=false)",
+        "ZeRO and precision [zero]", "Gradient communication [comm]", "--grad-accum N (=1)",
+        "--clip-grad X (=0)", "--lr-schedule TEXT (=constant)", "--warmup-steps N (=0)",
+        "--warmup-type TEXT (=linear)", "--warmup-start-ratio X (=0)",
+        "--cosine-final-ratio X (=0)", "--schedule-steps N (=0)", "--zero-stage N (=0)",
+        "--precision TEXT (=fp32)", "--loss-scale X (=0)", "--initial-scale-power N (=16)",
+        "--loss-scale-window N (=1000)", "--hysteresis N (=2)", "--min-loss-scale X (=1)",
+        "--bucket-mb X (=25)", "--first-bucket-mb X (=1)",
+        "--overlap-comm [=true|false] (=true)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
   }
 }
@@ -322,6 +471,43 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.threads_per_rank = -2; }, "--threads-per-rank -2:"},
       {[](TrainConfig& c) { c.dataset_path.clear(); }, "--dataset '':"},
       {[](TrainConfig& c) { c.model.clear(); }, "--model '':"},
+      {[](TrainConfig& c) { c.grad_accum = 0; }, "--grad-accum 0: must be at least 1"},
+      {[](TrainConfig& c) { c.clip_grad = -1; }, "--clip-grad -1: must be a finite number >= 0"},
+      {[](TrainConfig& c) { c.clip_grad = std::numeric_limits<double>::infinity(); },
+       "--clip-grad inf:"},
+      {[](TrainConfig& c) { c.lr_schedule = "cosine"; },
+       "--lr-schedule 'cosine': must be constant, warmup or warmup-cosine"},
+      {[](TrainConfig& c) { c.warmup_steps = -5; }, "--warmup-steps -5:"},
+      {[](TrainConfig& c) { c.warmup_type = "exp"; }, "--warmup-type 'exp': must be linear or log"},
+      {[](TrainConfig& c) { c.warmup_start_ratio = 1.5; }, "--warmup-start-ratio 1.5: must be in "
+                                                           "[0, 1]"},
+      {[](TrainConfig& c) { c.warmup_start_ratio = std::nan(""); }, "--warmup-start-ratio nan:"},
+      {[](TrainConfig& c) { c.cosine_final_ratio = -0.1; }, "--cosine-final-ratio -0.1:"},
+      {[](TrainConfig& c) { c.schedule_steps = -1; }, "--schedule-steps -1:"},
+      {[](TrainConfig& c) {
+         c.lr_schedule = "warmup-cosine";
+         c.warmup_steps = 100;
+         c.schedule_steps = 50;
+       },
+       "--schedule-steps 50: the cosine would end before the warm-up (--warmup-steps 100)"},
+      {[](TrainConfig& c) { c.zero_stage = 3; },
+       "--zero-stage 3: must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not "
+       "supported)"},
+      {[](TrainConfig& c) { c.zero_stage = -1; }, "--zero-stage -1:"},
+      {[](TrainConfig& c) { c.precision = "fp8"; },
+       "--precision 'fp8': must be fp32, fp16 or bf16"},
+      {[](TrainConfig& c) { c.loss_scale = -1; }, "--loss-scale -1: must be 0 (dynamic)"},
+      {[](TrainConfig& c) { c.initial_scale_power = 65; }, "--initial-scale-power 65: must be in "
+                                                           "[0, 64]"},
+      {[](TrainConfig& c) { c.initial_scale_power = -1; }, "--initial-scale-power -1:"},
+      {[](TrainConfig& c) { c.loss_scale_window = 0; }, "--loss-scale-window 0: must be at least "
+                                                        "1"},
+      {[](TrainConfig& c) { c.hysteresis = 0; }, "--hysteresis 0: must be at least 1"},
+      {[](TrainConfig& c) { c.min_loss_scale = 0; }, "--min-loss-scale 0: must be a finite "
+                                                     "number > 0"},
+      {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a finite number of MiB"},
+      {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
+      {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
   };
   for (const Case& bad : cases) {
     TrainConfig config;
@@ -337,6 +523,20 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.threads_per_rank = 0;
   edges.optimizer = "adam";
   edges.progress = "bar";
+  edges.clip_grad = 0;
+  edges.warmup_start_ratio = 1;
+  edges.cosine_final_ratio = 1;
+  edges.initial_scale_power = 64;
+  edges.loss_scale_window = 1;
+  edges.hysteresis = 1;
+  edges.zero_stage = 2;
+  edges.precision = "bf16";
+  edges.lr_schedule = "warmup-cosine";
+  edges.warmup_steps = 100;
+  edges.schedule_steps = 100;  // a cosine that ends where the warm-up does
+  edges.warmup_type = "log";
+  EXPECT_NO_THROW(validate(edges));
+  edges.schedule_steps = 0;  // the whole run, resolved by the trainer
   EXPECT_NO_THROW(validate(edges));
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 namespace hpc_train {
@@ -34,6 +35,28 @@ struct TrainConfig {
   double eps = 1e-8;              // --eps
   double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam)
   uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
+  int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
+  double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
+  std::string lr_schedule = "constant";  // --lr-schedule constant|warmup|warmup-cosine
+  int64_t warmup_steps = 0;       // --warmup-steps: optimizer steps of warm-up
+  std::string warmup_type = "linear";    // --warmup-type linear|log (DeepSpeed's default is log)
+  double warmup_start_ratio = 0.0;  // --warmup-start-ratio: lr at step 0, as a fraction of --lr
+  double cosine_final_ratio = 0.0;  // --cosine-final-ratio: lr at the end, as a fraction of --lr
+  int64_t schedule_steps = 0;     // --schedule-steps: length of the cosine; 0 = the whole run
+
+  // [zero] ZeRO partitioning and mixed precision
+  int zero_stage = 0;             // --zero-stage 0|1|2
+  std::string precision = "fp32"; // --precision fp32|fp16|bf16
+  double loss_scale = 0.0;        // --loss-scale: fixed fp16 loss scale; 0 = dynamic
+  int initial_scale_power = 16;   // --initial-scale-power: dynamic scale starts at 2^this
+  int loss_scale_window = 1000;   // --loss-scale-window: steps without overflow before doubling
+  int hysteresis = 2;             // --hysteresis: overflows tolerated before halving
+  double min_loss_scale = 1.0;    // --min-loss-scale: overflow at this scale is an error
+
+  // [comm] gradient reduction
+  double bucket_mb = 25.0;        // --bucket-mb: gradient bucket size, MiB
+  double first_bucket_mb = 1.0;   // --first-bucket-mb: the first (last-layer) bucket, MiB, as DDP
+  bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
 
   // [runtime]
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
@@ -44,6 +67,12 @@ struct TrainConfig {
   std::string progress = "auto";  // --progress auto|bar|lines: a bar when stdout is a terminal
 };
 
+// DeepSpeed's ds_config.json, mapped onto TrainConfig (deepspeed_config.h); --deepspeed-config.
+struct DeepSpeedImport {
+  std::string path;                 // --deepspeed-config FILE; empty = none
+  bool allow_unknown_keys = false;  // --deepspeed-allow-unknown: warn instead of failing
+};
+
 // What the command line asked for.
 struct CommandLine {
   enum class Action { kTrain, kPrintAndExit };
@@ -51,6 +80,10 @@ struct CommandLine {
   std::string text;  // for kPrintAndExit: --help or --version text, to print on rank 0
   TrainConfig config;
   std::string config_file;  // --config FILE, empty when none
+  DeepSpeedImport deepspeed;
+  // Long names of the options given on the command line itself (e.g. "micro-batch"): a
+  // DeepSpeed config does not override them.
+  std::set<std::string> given_on_command_line;
 };
 
 // Parses argv (and the --config file it names). Pure: no MPI, no output. Throws ConfigError for

@@ -1,0 +1,95 @@
+// Learning-rate schedules (lr_schedule.h): DeepSpeed's WarmupLR and WarmupCosineLR as pure
+// functions of the optimizer step, so that a resumed run recomputes its lr from the step alone.
+//
+// Two deliberate differences from DeepSpeed's WarmupCosineLR, which the importer of ds_config
+// files accepts (deepspeed_config.cpp):
+//  - the cosine starts at lr on the first step after the warm-up: progress is
+//    (step - warmup_steps) / (total_steps - warmup_steps); DeepSpeed adds 1 to the numerator, so
+//    its cosine is one step ahead and reaches its floor one step early;
+//  - from total_steps on, the lr stays at cosine_final_ratio * lr; DeepSpeed's cosine turns back
+//    up after total_num_steps.
+// DeepSpeed also lengthens a warm-up shorter than 2 steps to 2 (it divides by log(warmup)); the
+// importer does that when it maps a ds_config, so here warmup_steps means what it says.
+#include "hpc_train/lr_schedule.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
+}  // namespace
+
+LrSchedule::LrSchedule(const LrScheduleOptions& options) : options_(options) {
+  const LrScheduleOptions& o = options_;
+  if (o.kind != "constant" && o.kind != "warmup" && o.kind != "warmup-cosine") {
+    throw ConfigError("--lr-schedule '" + o.kind + "': must be constant, warmup or warmup-cosine");
+  }
+  if (o.warmup_type != "linear" && o.warmup_type != "log") {
+    throw ConfigError("--warmup-type '" + o.warmup_type + "': must be linear or log");
+  }
+  if (o.warmup_steps < 0) {
+    throw ConfigError("--warmup-steps " + std::to_string(o.warmup_steps) +
+                      ": must be 0 (no warm-up) or more");
+  }
+  if (!(o.warmup_start_ratio >= 0 && o.warmup_start_ratio <= 1)) {
+    throw ConfigError("--warmup-start-ratio " + format_number(o.warmup_start_ratio) +
+                      ": must be in [0, 1]");
+  }
+  if (!(o.cosine_final_ratio >= 0 && o.cosine_final_ratio <= 1)) {
+    throw ConfigError("--cosine-final-ratio " + format_number(o.cosine_final_ratio) +
+                      ": must be in [0, 1]");
+  }
+  if (o.kind == "warmup-cosine") {
+    // --schedule-steps 0 means "the whole run": the trainer replaces it by the run's length
+    // before it builds the schedule, so 0 here is a caller's mistake.
+    if (o.total_steps < 1) {
+      throw ConfigError("warmup-cosine schedule of " + std::to_string(o.total_steps) +
+                        " steps: give --schedule-steps N >= 1 (0 = the run's length)");
+    }
+    if (o.total_steps < o.warmup_steps) {
+      throw ConfigError("--schedule-steps " + std::to_string(o.total_steps) +
+                        ": the cosine would end before the warm-up (--warmup-steps " +
+                        std::to_string(o.warmup_steps) + ") does; give at least " +
+                        std::to_string(o.warmup_steps));
+    }
+  }
+}
+
+double LrSchedule::lr_at(int64_t step) const {
+  const LrScheduleOptions& o = options_;
+  if (o.kind == "constant") return o.lr;
+  if (step < 0) step = 0;  // before the first step: the first step's lr
+
+  if (step < o.warmup_steps) {
+    // step < warmup_steps, so warmup_steps >= 2 whenever step >= 1, and log(warmup_steps) > 0;
+    // on step 0 both forms give 0 (log(1) = 0), which also covers warmup_steps = 1.
+    double gamma = 0.0;
+    if (step > 0) {
+      gamma = o.warmup_type == "linear"
+                  ? static_cast<double>(step) / static_cast<double>(o.warmup_steps)
+                  : std::log(static_cast<double>(step) + 1) /
+                        std::log(static_cast<double>(o.warmup_steps));
+    }
+    return o.lr * (o.warmup_start_ratio + (1 - o.warmup_start_ratio) * gamma);
+  }
+  if (o.kind == "warmup") return o.lr;
+
+  if (step >= o.total_steps) return o.lr * o.cosine_final_ratio;
+  const double progress = static_cast<double>(step - o.warmup_steps) /
+                          static_cast<double>(o.total_steps - o.warmup_steps);
+  const double cosine = 0.5 * (1 + std::cos(kPi * progress));
+  return o.lr * (o.cosine_final_ratio + (1 - o.cosine_final_ratio) * cosine);
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,623 @@
+// The DeepSpeed ds_config.json importer: the origin's file at 1, 2 and 3 ranks (world sizes are
+// passed directly, no MPI needed), every mapped key, DeepSpeed's batch derivations and the batch
+// identity's messages, unknown keys, JSON type errors, unsupported values, and the precedence of
+// the command line.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hpc_train/config.h"
+#include "hpc_train/deepspeed_config.h"
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kConfigsDir = HPC_TRAIN_CONFIGS_DIR;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool any_contains(const std::vector<std::string>& texts, const std::string& part) {
+  for (const std::string& text : texts) {
+    if (contains(text, part)) return true;
+  }
+  return false;
+}
+
+std::string joined(const std::vector<std::string>& texts) {
+  std::string all;
+  for (const std::string& text : texts) all += text + "\n";
+  return all;
+}
+
+class DeepSpeedConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "hpc_train_test_ds_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  std::string write(const std::string& text, const std::string& name = "ds_config.json") {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  // Applies `json` to `config` (defaults unless given) at `world_size` ranks.
+  std::vector<std::string> apply(const std::string& json, int world_size,
+                                 TrainConfig& config,
+                                 const std::set<std::string>& given = {},
+                                 bool allow_unknown = false) {
+    DeepSpeedImport import;
+    import.path = write(json);
+    import.allow_unknown_keys = allow_unknown;
+    return apply_deepspeed_config(import, world_size, given, config);
+  }
+  // The ConfigError message of applying `json`, or a failure when it applies.
+  std::string error(const std::string& json, int world_size = 1,
+                    const std::set<std::string>& given = {}, TrainConfig config = {}) {
+    try {
+      apply(json, world_size, config, given);
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.exit_code(), kExitUsageError);
+      return e.what();
+    }
+    ADD_FAILURE() << "no ConfigError for " << json;
+    return "";
+  }
+  fs::path dir_;
+};
+
+TrainConfig apply_file(const std::string& path, int world_size,
+                       std::vector<std::string>* warnings = nullptr) {
+  TrainConfig config;
+  DeepSpeedImport import;
+  import.path = path;
+  std::vector<std::string> got = apply_deepspeed_config(import, world_size, {}, config);
+  if (warnings) *warnings = got;
+  return config;
+}
+
+void expect_origin_recipe(const TrainConfig& c) {
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.precision, "fp16");
+  EXPECT_EQ(c.optimizer, "adamw");  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+  EXPECT_EQ(c.lr, 1e-3);
+  EXPECT_EQ(c.beta1, 0.9);
+  EXPECT_EQ(c.beta2, 0.999);
+  EXPECT_EQ(c.eps, 1e-8);
+  EXPECT_EQ(c.weight_decay, 0.01);
+  EXPECT_EQ(c.zero_stage, 2);
+  EXPECT_EQ(c.loss_scale, 0.0);  // dynamic, DeepSpeed's defaults
+  EXPECT_EQ(c.initial_scale_power, 16);
+  EXPECT_EQ(c.loss_scale_window, 1000);
+  EXPECT_EQ(c.hysteresis, 2);
+  EXPECT_EQ(c.min_loss_scale, 1.0);
+}
+
+TEST(DeepSpeedConfig, OriginConfigAtOneAndTwoRanks) {
+  const std::string path = kConfigsDir + "/ds_origin.json";
+  std::vector<std::string> warnings;
+  const TrainConfig one = apply_file(path, 1, &warnings);
+  EXPECT_EQ(one.micro_batch, 64);
+  expect_origin_recipe(one);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+
+  const TrainConfig two = apply_file(path, 2, &warnings);
+  EXPECT_EQ(two.micro_batch, 32);
+  expect_origin_recipe(two);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+
+  EXPECT_EQ(apply_file(path, 4).micro_batch, 16);
+}
+
+TEST(DeepSpeedConfig, OriginConfigAtThreeRanksSaysWhatWorks) {
+  const std::string path = kConfigsDir + "/ds_origin.json";
+  TrainConfig config;
+  config.lr = 0.5;  // a failed import leaves the configuration alone
+  DeepSpeedImport import;
+  import.path = path;
+  try {
+    apply_deepspeed_config(import, 3, {}, config);
+    FAIL() << "no ConfigError at 3 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path +
+                  ": train_batch_size 64 must equal train_micro_batch_size_per_gpu x "
+                  "gradient_accumulation_steps x world size (21 x 1 x 3 = 63 with 3 ranks). "
+                  "With 3 ranks use a train_batch_size divisible by 3, e.g. 63 or 66 (or 192 "
+                  "for micro-batch 64); or run 64 on 1, 2 or 4 ranks (any divisor of 64)");
+  }
+  EXPECT_EQ(config.lr, 0.5);
+  EXPECT_EQ(config.micro_batch, 64);
+
+  const TrainConfig three = apply_file(kConfigsDir + "/ds_origin_3ranks.json", 3);
+  EXPECT_EQ(three.micro_batch, 64);
+  expect_origin_recipe(three);
+}
+
+TEST_F(DeepSpeedConfigTest, EveryMappedKey) {
+  TrainConfig config;
+  const std::vector<std::string> warnings = apply(R"({
+    "train_batch_size": 96,
+    "train_micro_batch_size_per_gpu": 16,
+    "gradient_accumulation_steps": 3,
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                             "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR",
+                  "params": {"total_num_steps": 5000, "warmup_min_ratio": 0.05,
+                             "warmup_num_steps": 200, "cos_min_ratio": 0.02,
+                             "warmup_type": "linear"}},
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+             "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 0.25,
+             "consecutive_hysteresis": false, "auto_cast": false},
+    "bf16": {"enabled": false},
+    "zero_optimization": {"stage": 1, "reduce_bucket_size": 2e8,
+                          "allgather_bucket_size": 2e8, "overlap_comm": false,
+                          "contiguous_gradients": true, "reduce_scatter": true,
+                          "allgather_partitions": true,
+                          "offload_optimizer": {"device": "none"}},
+    "gradient_clipping": 1.5,
+    "steps_per_print": 25
+  })", 2, config);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+  EXPECT_EQ(config.micro_batch, 16);
+  EXPECT_EQ(config.grad_accum, 3);
+  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.lr, 3e-4);
+  EXPECT_EQ(config.beta1, 0.8);
+  EXPECT_EQ(config.beta2, 0.95);
+  EXPECT_EQ(config.eps, 1e-6);
+  EXPECT_EQ(config.weight_decay, 0.1);
+  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.schedule_steps, 5000);
+  EXPECT_EQ(config.warmup_steps, 200);
+  EXPECT_EQ(config.warmup_start_ratio, 0.05);
+  EXPECT_EQ(config.cosine_final_ratio, 0.02);
+  EXPECT_EQ(config.warmup_type, "linear");
+  EXPECT_EQ(config.precision, "fp16");
+  EXPECT_EQ(config.loss_scale, 0.0);
+  EXPECT_EQ(config.initial_scale_power, 12);
+  EXPECT_EQ(config.loss_scale_window, 500);
+  EXPECT_EQ(config.hysteresis, 3);
+  EXPECT_EQ(config.min_loss_scale, 0.25);
+  EXPECT_EQ(config.zero_stage, 1);
+  EXPECT_EQ(config.bucket_mb, 2e8 * 2 / (1024.0 * 1024.0));  // fp16: 2 bytes per element
+  EXPECT_FALSE(config.overlap_comm);
+  EXPECT_EQ(config.clip_grad, 1.5);
+  EXPECT_EQ(config.log_every, 25);
+  EXPECT_NO_THROW(validate(config));
+
+  // The resolved run is still fully described by to_ini: it reads back identically.
+  const std::string ini = write(to_ini(config), "resolved.ini");
+  const std::string args[] = {"hpc_train", "--config", ini};
+  const char* argv[] = {args[0].c_str(), args[1].c_str(), args[2].c_str()};
+  EXPECT_EQ(to_ini(parse_command_line(3, argv).config), to_ini(config));
+}
+
+TEST_F(DeepSpeedConfigTest, WarmupLr) {
+  TrainConfig config;
+  apply(R"({"train_batch_size": 8,
+            "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+            "scheduler": {"type": "WarmupLR",
+                          "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01,
+                                     "warmup_num_steps": 500, "last_batch_iteration": -1}}})",
+        1, config);
+  EXPECT_EQ(config.lr_schedule, "warmup");
+  EXPECT_EQ(config.lr, 0.01);
+  EXPECT_DOUBLE_EQ(config.warmup_start_ratio, 0.1);
+  EXPECT_EQ(config.warmup_steps, 500);
+  EXPECT_EQ(config.warmup_type, "log");  // DeepSpeed's default
+
+  // warmup_max_lr replaces the optimizer's lr (said in a warning); a warm-up of fewer than 2
+  // steps becomes 2, as in DeepSpeed.
+  TrainConfig other;
+  const std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 8,
+                "optimizer": {"type": "Adam", "params": {"lr": 0.5}},
+                "scheduler": {"type": "WarmupLR",
+                              "params": {"warmup_max_lr": 0.02, "warmup_num_steps": 1,
+                                         "warmup_type": "linear"}}})",
+            1, other);
+  EXPECT_EQ(other.lr, 0.02);
+  EXPECT_EQ(other.warmup_start_ratio, 0.0);
+  EXPECT_EQ(other.warmup_steps, 2);
+  EXPECT_EQ(other.warmup_type, "linear");
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.lr' 0.5 is replaced by "
+                                     "'scheduler.params.warmup_max_lr' 0.02"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'scheduler.params.warmup_num_steps' 1 becomes 2"))
+      << joined(warnings);
+
+  // Without warmup_max_lr, the warm-up rises to the optimizer's lr (current DeepSpeed).
+  TrainConfig to_optimizer_lr;
+  apply(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.004}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001}}})",
+        1, to_optimizer_lr);
+  EXPECT_EQ(to_optimizer_lr.lr, 0.004);
+  EXPECT_DOUBLE_EQ(to_optimizer_lr.warmup_start_ratio, 0.25);
+  EXPECT_EQ(to_optimizer_lr.warmup_steps, 1000);
+}
+
+TEST_F(DeepSpeedConfigTest, WarmupCosineDefaultsAndErrors) {
+  TrainConfig config;
+  apply(R"({"train_batch_size": 8,
+            "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 3000}}})",
+        1, config);
+  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.schedule_steps, 3000);
+  EXPECT_EQ(config.warmup_steps, 1000);
+  EXPECT_EQ(config.warmup_type, "log");
+  EXPECT_EQ(config.warmup_start_ratio, 0.0);
+  EXPECT_EQ(config.cosine_final_ratio, 0.0001);
+
+  EXPECT_TRUE(contains(error(R"({"train_batch_size": 8,
+      "scheduler": {"type": "WarmupCosineLR", "params": {}}})"),
+                       "WarmupCosineLR needs 'scheduler.params.total_num_steps'"));
+  const std::string shorter = error(R"({"train_batch_size": 8,
+      "scheduler": {"type": "WarmupCosineLR",
+                    "params": {"total_num_steps": 100, "warmup_num_steps": 500}}})");
+  EXPECT_TRUE(contains(shorter, ": 'scheduler.params.total_num_steps' gives --schedule-steps "
+                                "100: the cosine would end before the warm-up"))
+      << shorter;
+  std::string message = error(R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle"}})");
+  EXPECT_TRUE(contains(message, "'scheduler.type' \"OneCycle\" is not supported")) << message;
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+                      "params": {"warmup_type": "cubic"}}})");
+  EXPECT_TRUE(contains(message, "'scheduler.params.warmup_type' \"cubic\"")) << message;
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+                      "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 0.01}}})");
+  EXPECT_TRUE(contains(message, "'scheduler.params.warmup_min_lr' 0.1 must be in [0, 0.01]"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+                      "params": {"last_batch_iteration": 100}}})");
+  EXPECT_TRUE(contains(message, "last_batch_iteration")) << message;
+}
+
+TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
+  const auto optimizer_of = [&](const std::string& optimizer) {
+    TrainConfig config;
+    apply(R"({"train_batch_size": 8, "optimizer": )" + optimizer + "}", 1, config);
+    return config;
+  };
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam"})").optimizer, "adamw");
+  EXPECT_EQ(optimizer_of(R"({"type": "adam"})").optimizer, "adamw");  // case-insensitive
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam", "params": {"adam_w_mode": false}})").optimizer,
+            "adam");
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW"})").optimizer, "adamw");
+  TrainConfig config;
+  const std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": 8,
+          "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})",
+      1, config);
+  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.adam_w_mode' false has no effect"));
+
+  // A block present means DeepSpeed's defaults for what it leaves out: FusedAdam's weight decay
+  // is 0 (hpc_train's own default is 0.01), torch.optim.AdamW's is 0.01.
+  const TrainConfig fused = optimizer_of(R"({"type": "Adam", "params": {"lr": 0.002}})");
+  EXPECT_EQ(fused.weight_decay, 0.0);
+  EXPECT_EQ(fused.lr, 0.002);
+  EXPECT_EQ(fused.eps, 1e-8);
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW", "params": {"torch_adam": true}})").weight_decay,
+            0.01);
+
+  std::string message = error(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})");
+  EXPECT_TRUE(contains(message, "'optimizer.type' \"Lamb\" is not supported")) << message;
+  message = error(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 1}}})");
+  EXPECT_TRUE(contains(message, "'optimizer' has no 'type'")) << message;
+  message = error(R"({"train_batch_size": 8,
+                      "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})");
+  EXPECT_TRUE(contains(message, "gradient_clipping")) << message;
+  message = error(R"({"train_batch_size": 8,
+                      "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.betas' must be an array of two numbers"))
+      << message;
+}
+
+TEST_F(DeepSpeedConfigTest, Precision) {
+  TrainConfig config;
+  apply(R"({"train_batch_size": 8, "bf16": {"enabled": true}})", 1, config);
+  EXPECT_EQ(config.precision, "bf16");
+
+  TrainConfig off;
+  off.precision = "bf16";  // as if from the INI file
+  apply(R"({"train_batch_size": 8, "fp16": {"enabled": false}})", 1, off);
+  EXPECT_EQ(off.precision, "fp32");  // the file's block says: no mixed precision
+
+  TrainConfig untouched;
+  untouched.precision = "bf16";
+  apply(R"({"train_batch_size": 8})", 1, untouched);
+  EXPECT_EQ(untouched.precision, "bf16");  // no block: the INI/default value stays
+
+  TrainConfig fixed;
+  apply(R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 128}})", 1, fixed);
+  EXPECT_EQ(fixed.loss_scale, 128.0);
+
+  std::string message = error(
+      R"({"train_batch_size": 8, "fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  EXPECT_TRUE(contains(message, "fp16.enabled and bf16.enabled are both true")) << message;
+  message = error(R"({"train_batch_size": 8,
+                      "fp16": {"enabled": true, "consecutive_hysteresis": true}})");
+  EXPECT_TRUE(contains(message, "consecutive_hysteresis")) << message;
+  // Out-of-range values name the key that set them.
+  message = error(R"({"train_batch_size": 8, "fp16": {"enabled": true, "hysteresis": 0}})");
+  EXPECT_TRUE(contains(message, ": 'fp16.hysteresis' gives --hysteresis 0: must be at least 1"))
+      << message;
+
+  TrainConfig unused;
+  const std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": 8, "bf16": {"enabled": true}, "fp16": {"loss_scale_window": 10}})",
+      1, unused);
+  EXPECT_TRUE(any_contains(warnings, "fp16.loss_scale_window take effect only with fp16"))
+      << joined(warnings);
+}
+
+TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
+  std::string message = error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3}})");
+  EXPECT_TRUE(contains(message, "'zero_optimization.stage' 3: hpc_train supports ZeRO stages 0, "
+                                "1 and 2"))
+      << message;
+  message = error(R"({"train_batch_size": 8,
+                      "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})");
+  EXPECT_TRUE(contains(message, "'zero_optimization.offload_optimizer.device' \"cpu\" is not "
+                                "supported"))
+      << message;
+
+  // reduce_bucket_size counts elements: 2 bytes each in fp16/bf16, 4 in fp32.
+  TrainConfig fp32;
+  apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 5e8}})", 1, fp32);
+  EXPECT_EQ(fp32.precision, "fp32");
+  EXPECT_EQ(fp32.bucket_mb, 5e8 * 4 / 1048576.0);
+  TrainConfig fp16;
+  apply(R"({"train_batch_size": 8, "fp16": {"enabled": true},
+            "zero_optimization": {"reduce_bucket_size": 1048576}})",
+        1, fp16);
+  EXPECT_EQ(fp16.bucket_mb, 2.0);
+  TrainConfig bf16_from_command_line;
+  bf16_from_command_line.precision = "bf16";
+  apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 524288}})", 1,
+        bf16_from_command_line, {"precision"});
+  EXPECT_EQ(bf16_from_command_line.bucket_mb, 1.0);
+
+  TrainConfig kept;  // keys left out of zero_optimization keep hpc_train's values
+  apply(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})", 1, kept);
+  EXPECT_EQ(kept.zero_stage, 2);
+  EXPECT_EQ(kept.bucket_mb, TrainConfig{}.bucket_mb);
+  EXPECT_EQ(kept.overlap_comm, TrainConfig{}.overlap_comm);
+
+  TrainConfig config;
+  const std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 8,
+                "zero_optimization": {"stage": 2, "reduce_scatter": false,
+                                      "contiguous_gradients": false,
+                                      "reduce_bucket_size": 1000, "allgather_bucket_size": 2000}})",
+            1, config);
+  EXPECT_TRUE(any_contains(warnings, "'zero_optimization.reduce_scatter' false has no effect"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'zero_optimization.contiguous_gradients' false"));
+  EXPECT_TRUE(any_contains(warnings, "'zero_optimization.allgather_bucket_size' 2000 has no "
+                                     "effect"));
+}
+
+TEST_F(DeepSpeedConfigTest, BatchDerivations) {
+  const auto batch_of = [&](const std::string& keys, int world_size,
+                            TrainConfig config = TrainConfig{}) {
+    apply("{" + keys + "}", world_size, config);
+    return std::make_pair(config.micro_batch, config.grad_accum);
+  };
+  using Pair = std::pair<int, int>;
+  // train_batch_size and micro-batch: grad_accum = 256 / 32 / 2.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 256, "train_micro_batch_size_per_gpu": 32)", 2),
+            Pair(32, 4));
+  // train_batch_size and grad_accum: micro-batch = 256 / 4 / 2.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 256, "gradient_accumulation_steps": 2)", 4),
+            Pair(32, 2));
+  // micro-batch and grad_accum: train_batch_size = 16 x 3 x 3 is derived.
+  EXPECT_EQ(batch_of(R"("train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 3)",
+                     3),
+            Pair(16, 3));
+  // All three, consistent.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 96, "train_micro_batch_size_per_gpu": 16,
+                        "gradient_accumulation_steps": 2)",
+                     3),
+            Pair(16, 2));
+  // Only train_batch_size: grad_accum 1, micro-batch = 96 / 3.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 96)", 3), Pair(32, 1));
+  // Only the micro-batch: grad_accum 1.
+  TrainConfig accumulating;
+  accumulating.grad_accum = 4;  // as if from the INI file: DeepSpeed's derivation replaces it
+  EXPECT_EQ(batch_of(R"("train_micro_batch_size_per_gpu": 8)", 2, accumulating), Pair(8, 1));
+  {
+    TrainConfig config;
+    config.grad_accum = 4;
+    const std::vector<std::string> warnings =
+        apply(R"({"train_micro_batch_size_per_gpu": 8})", 2, config);
+    EXPECT_TRUE(any_contains(warnings, "gradient_accumulation_steps is 1, as DeepSpeed derives "
+                                       "it from this file; the grad_accum 4"))
+        << joined(warnings);
+  }
+  // "null" means not given, as in DeepSpeed.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 96, "train_micro_batch_size_per_gpu": null)", 3),
+            Pair(32, 1));
+  // 5e8-style floats without a fraction are whole numbers.
+  EXPECT_EQ(batch_of(R"("train_batch_size": 64.0)", 2), Pair(32, 1));
+
+  // Neither train_batch_size nor the micro-batch: the run's own values, and a warning.
+  TrainConfig own;
+  own.micro_batch = 24;
+  own.grad_accum = 2;
+  const std::vector<std::string> warnings = apply(R"({"gradient_clipping": 1.0})", 3, own);
+  EXPECT_EQ(own.micro_batch, 24);
+  EXPECT_EQ(own.grad_accum, 2);
+  EXPECT_TRUE(any_contains(warnings, "gives neither train_batch_size nor "
+                                     "train_micro_batch_size_per_gpu; using micro-batch 24 and "
+                                     "grad_accum 2"))
+      << joined(warnings);
+}
+
+TEST_F(DeepSpeedConfigTest, BatchIdentityMessages) {
+  std::string message = error(R"({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 32})",
+                              2);
+  EXPECT_TRUE(contains(message, "train_batch_size 100 must equal train_micro_batch_size_per_gpu "
+                                "x gradient_accumulation_steps x world size (32 x 1 x 2 = 64 "
+                                "with 2 ranks). With 2 ranks and micro-batch 32 use a "
+                                "train_batch_size divisible by 2 x 32 = 64, e.g. 64 or 128; or "
+                                "a micro-batch that divides 100"))
+      << message;
+  message = error(R"({"train_batch_size": 64, "gradient_accumulation_steps": 3})", 2);
+  EXPECT_TRUE(contains(message, "(10 x 3 x 2 = 60 with 2 ranks). With 2 ranks use a "
+                                "train_batch_size divisible by 2 x 3 = 6, e.g. 60 or 66 (or 384 "
+                                "for micro-batch 64); or a gradient_accumulation_steps that "
+                                "divides 64"))
+      << message;
+  message = error(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 16,
+                      "gradient_accumulation_steps": 2})",
+                  3);
+  EXPECT_TRUE(contains(message, "(16 x 2 x 3 = 96 with 3 ranks). With 3 ranks use "
+                                "train_batch_size 96, or leave one of the three out so that it "
+                                "is derived; or run it on 2 ranks"))
+      << message;
+  // Fewer samples than ranks: the derived micro-batch would be 0.
+  message = error(R"({"train_batch_size": 2})", 3);
+  EXPECT_TRUE(contains(message, "(0 x 1 x 3 = 0 with 3 ranks). With 3 ranks use a "
+                                "train_batch_size divisible by 3, e.g. 3 (or 192 for "
+                                "micro-batch 64); or run 2 on 1 or 2 ranks"))
+      << message;
+  message = error(R"({"train_batch_size": 0})");
+  EXPECT_TRUE(contains(message, "'train_batch_size' 0 must be at least 1")) << message;
+}
+
+TEST_F(DeepSpeedConfigTest, CommandLineWins) {
+  TrainConfig config;
+  config.lr = 0.005;       // --lr 0.005
+  config.micro_batch = 16;  // --micro-batch 16
+  config.zero_stage = 0;   // --zero-stage 0
+  const std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 64,
+                "optimizer": {"type": "Adam", "params": {"lr": 0.001, "weight_decay": 0.2}},
+                "zero_optimization": {"stage": 2}})",
+            2, config, {"lr", "micro-batch", "zero-stage"});
+  EXPECT_EQ(config.lr, 0.005);
+  EXPECT_EQ(config.micro_batch, 16);
+  EXPECT_EQ(config.grad_accum, 2);  // 64 / 16 / 2: the command line's micro-batch counts as given
+  EXPECT_EQ(config.zero_stage, 0);
+  EXPECT_EQ(config.weight_decay, 0.2);  // not on the command line: the file's
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.lr' 0.001 is not used: --lr 0.005 on "
+                                     "the command line wins"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'zero_optimization.stage' 2 is not used: --zero-stage 0"))
+      << joined(warnings);
+
+  // The origin file at 3 ranks with --micro-batch 64: 64 / 64 / 3 accumulation steps is 0.
+  TrainConfig origin;
+  const std::string message =
+      error(R"({"train_batch_size": 64})", 3, {"micro-batch"}, origin);
+  EXPECT_TRUE(contains(message, "(64 x 0 x 3 = 0 with 3 ranks). The micro-batch 64 is "
+                                "--micro-batch on the command line. With 3 ranks and "
+                                "micro-batch 64 use a train_batch_size divisible by 3 x 64 = "
+                                "192, e.g. 192; or run 64 on 1 rank (any divisor of 1)"))
+      << message;
+
+  // --grad-accum on the command line counts as given too.
+  TrainConfig accum;
+  accum.grad_accum = 2;
+  apply(R"({"train_batch_size": 64, "gradient_accumulation_steps": 4})", 2, accum,
+        {"grad-accum"});
+  EXPECT_EQ(accum.grad_accum, 2);
+  EXPECT_EQ(accum.micro_batch, 16);
+}
+
+TEST_F(DeepSpeedConfigTest, UnknownKeys) {
+  std::string message = error(R"({"train_batch_sise": 64})");
+  EXPECT_TRUE(contains(message, "ds_config.json: unknown key 'train_batch_sise'; known keys "
+                                "here: train_batch_size, train_micro_batch_size_per_gpu, "
+                                "gradient_accumulation_steps, optimizer, scheduler, fp16, bf16, "
+                                "zero_optimization, gradient_clipping, steps_per_print, "
+                                "wall_clock_breakdown"))
+      << message;
+  EXPECT_TRUE(contains(message, "--deepspeed-allow-unknown")) << message;
+  message = error(R"({"train_batch_size": 8,
+                      "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "foo": 1}}})");
+  EXPECT_TRUE(contains(message, "unknown key 'optimizer.params.foo'; known keys here: lr, betas, "
+                                "eps, weight_decay, adam_w_mode, torch_adam"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "sub_group": 1}})");
+  EXPECT_TRUE(contains(message, "unknown key 'zero_optimization.sub_group'; known keys here: "
+                                "stage, reduce_bucket_size"))
+      << message;
+
+  TrainConfig config;
+  const std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 8, "activation_checkpointing": {"profile": false},
+                "optimizer": {"type": "Adam", "params": {"lr": 0.002, "foo": 1}},
+                "wall_clock_breakdown": false})",
+            1, config, {}, /*allow_unknown=*/true);
+  EXPECT_EQ(config.lr, 0.002);
+  EXPECT_EQ(config.micro_batch, 8);
+  EXPECT_TRUE(any_contains(warnings, "ignoring unknown key 'activation_checkpointing' "
+                                     "(--deepspeed-allow-unknown)"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "ignoring unknown key 'optimizer.params.foo'"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'wall_clock_breakdown' is ignored")) << joined(warnings);
+}
+
+TEST_F(DeepSpeedConfigTest, WrongJsonTypes) {
+  std::string message = error(R"({"train_batch_size": "64"})");
+  EXPECT_TRUE(contains(message, "ds_config.json: 'train_batch_size' must be a whole number, not "
+                                "string \"64\""))
+      << message;
+  message = error(R"({"train_batch_size": 64.5})");
+  EXPECT_TRUE(contains(message, "'train_batch_size' must be a whole number, not number 64.5"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}})");
+  EXPECT_TRUE(contains(message, "'fp16.enabled' must be true or false, not string \"auto\""))
+      << message;
+  EXPECT_TRUE(contains(message, "Hugging Face")) << message;
+  message = error(R"({"train_batch_size": 8, "optimizer": "Adam"})");
+  EXPECT_TRUE(contains(message, "'optimizer' must be an object {...}, not string")) << message;
+  message = error(R"({"train_batch_size": 8, "gradient_clipping": true})");
+  EXPECT_TRUE(contains(message, "'gradient_clipping' must be a number, not boolean true"))
+      << message;
+}
+
+TEST_F(DeepSpeedConfigTest, FileErrors) {
+  std::string message = error("{\n  \"train_batch_size\": 64,\n}\n");
+  EXPECT_TRUE(contains(message, "ds_config.json: not valid JSON (byte ")) << message;
+  EXPECT_TRUE(contains(message, "parse error")) << message;
+  message = error(R"({"fp16": {"enabled": true, "enabled": false}, "train_batch_size": 8})");
+  EXPECT_TRUE(contains(message, "key 'fp16.enabled' appears twice")) << message;
+  message = error("[1, 2]");
+  EXPECT_TRUE(contains(message, "the top level must be a JSON object")) << message;
+
+  TrainConfig config;
+  DeepSpeedImport missing;
+  missing.path = (dir_ / "missing.json").string();
+  try {
+    apply_deepspeed_config(missing, 1, {}, config);
+    ADD_FAILURE() << "no ConfigError for a missing file";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "missing.json: cannot open it")) << e.what();
+  }
+  DeepSpeedImport none;  // no --deepspeed-config: nothing happens
+  EXPECT_TRUE(apply_deepspeed_config(none, 3, {}, config).empty());
+}
+
+}  // namespace
+}  // namespace hpc_train

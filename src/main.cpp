@@ -1,7 +1,7 @@
 // hpc_train: data-parallel training, one MPI rank per GPU (or 3 ranks on a CPU-only machine).
 //
 // Reads as a table of contents:
-//   config   -> the command line and INI file, validated            (config.h)
+//   config   -> the command line, INI file and DeepSpeed config       (config.h, deepspeed_config.h)
 //   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
 //   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
 //   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h)
@@ -10,9 +10,12 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
+#include "hpc_train/deepspeed_config.h"
 #include "hpc_train/error.h"
 #include "hpc_train/run_dir.h"
 #include "hpc_train/runtime.h"
@@ -24,14 +27,21 @@ int main(int argc, char** argv) {
   Runtime runtime(&argc, &argv);
   return run_or_abort(runtime, [&] {
     CommandLine command_line;
+    std::vector<std::string> warnings;
     run_agreed_phase(runtime, [&] {
       command_line = parse_command_line(argc, argv);
-      if (command_line.action == CommandLine::Action::kTrain) validate(command_line.config);
+      if (command_line.action != CommandLine::Action::kTrain) return;
+      // A DeepSpeed config's batch identity depends on the world size.
+      warnings = apply_deepspeed_config(command_line.deepspeed, runtime.world_size(),
+                                        command_line.given_on_command_line, command_line.config);
+      validate(command_line.config);
     });
     if (command_line.action == CommandLine::Action::kPrintAndExit) {
       if (runtime.rank() == 0) std::printf("%s", command_line.text.c_str());
       return kExitOk;
     }
+    if (runtime.rank() == 0)
+      for (const std::string& warning : warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     TrainConfig& config = command_line.config;
     config.run_dir = create_run_directory(runtime, config.run_dir);
     const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);

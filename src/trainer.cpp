@@ -1,7 +1,6 @@
 #include "hpc_train/trainer.h"
 
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,9 +11,12 @@
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/flat_parameters.h"
+#include "hpc_train/loss_scaler.h"
+#include "hpc_train/lr_schedule.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/models.h"
-#include "hpc_train/optimizer.h"
+#include "hpc_train/reducer.h"
+#include "hpc_train/zero_optimizer.h"
 
 namespace hpc_train {
 
@@ -23,17 +25,26 @@ namespace {
 // Evaluation batches are larger than training ones: no gradients are kept, and the result does
 // not depend on the batch size.
 constexpr int64_t kEvalBatchSamples = 256;
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
 
-// Step-time breakdown of the current log interval, milliseconds summed over its steps.
+torch::Dtype model_dtype(const std::string& precision) {
+  if (precision == "fp16") return torch::kHalf;
+  if (precision == "bf16") return torch::kBFloat16;
+  return torch::kFloat;
+}
+
+// One log interval's sums over its optimizer steps (times in milliseconds).
 struct IntervalTimes {
   int64_t steps = 0;
-  int64_t samples = 0;
+  int64_t samples = 0;  // this rank's
   double loss_sum = 0.0;
   double data_wait_ms = 0.0;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
-  double comm_ms = 0.0;
+  double comm_wait_ms = 0.0;
   double optimizer_ms = 0.0;
+  double comm_span_ms = 0.0;
+  int64_t comm_bytes = 0;
   Stopwatch wall;
 };
 
@@ -45,6 +56,8 @@ nlohmann::json TrainSummary::to_json() const {
   return {{"world_size", world_size},
           {"model", model},
           {"parameters", parameters},
+          {"zero_stage", zero_stage},
+          {"precision", precision},
           {"epochs_completed", epochs_completed},
           {"steps", steps},
           {"global_batch", global_batch},
@@ -55,7 +68,12 @@ nlohmann::json TrainSummary::to_json() const {
           {"test_samples", test.samples},
           {"wall_s", wall_s},
           {"samples_per_s", samples_per_s},
-          {"ms_per_step", ms_per_step}};
+          {"ms_per_step", ms_per_step},
+          {"skipped_steps", skipped_steps},
+          {"loss_scale", loss_scale},
+          {"parameter_bytes_per_rank", memory.parameters},
+          {"gradient_bytes_per_rank", memory.gradients},
+          {"optimizer_state_bytes_per_rank", memory.optimizer_state}};
 }
 
 struct Trainer::Impl {
@@ -63,16 +81,22 @@ struct Trainer::Impl {
   const DatasetFile& dataset;
   Communicator comm;
   TrainerOutput output;
+  torch::Dtype dtype;
   std::shared_ptr<Model> model;
   FlatParameters flat;
-  std::optional<FlatAdam> optimizer;
+  std::optional<Reducer> reducer;
+  std::optional<ZeroOptimizer> optimizer;
+  std::optional<LossScaler> scaler;  // fp16 only
+  std::optional<LrSchedule> schedule;
+  bool buckets_rebuilt = false;
   torch::Tensor mean;  // [1, C, 1, 1]
   torch::Tensor std;
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
 
   Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out)
-      : config(c), dataset(d), comm(mpi_comm), output(std::move(out)) {
+      : config(c), dataset(d), comm(mpi_comm), output(std::move(out)),
+        dtype(model_dtype(c.precision)) {
     const DatasetInfo& info = dataset.info();
     if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
                          config.drop_last ? EpochTail::kDrop : EpochTail::kPad) == 0)
@@ -81,19 +105,40 @@ struct Trainer::Impl {
                         std::to_string(comm.size()) + " ranks; use fewer ranks or more data");
     torch::manual_seed(config.seed);
     model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
+    model->to(dtype);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
       names.push_back(item.key());
       parameters.push_back(item.value());
     }
-    flat = FlatParameters(names, std::move(parameters));
+    ReducerOptions reducer_options;
+    reducer_options.first_bucket_bytes = static_cast<int64_t>(config.first_bucket_mb * kBytesPerMiB);
+    reducer_options.bucket_bytes = static_cast<int64_t>(config.bucket_mb * kBytesPerMiB);
+    reducer_options.overlap = config.overlap_comm;
+    reducer_options.reduce_scatter = config.zero_stage == 2;
+    BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
+    flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout));
     // Every rank starts from rank 0's parameters and buffers.
     comm.broadcast(flat.values(), 0).wait();
     broadcast_buffers();
-    optimizer.emplace(adam_options(config.optimizer, config.lr, config.beta1, config.beta2,
-                                   config.eps, config.weight_decay),
-                      flat.values());
+    reducer.emplace(flat, comm, reducer_options);
+    ZeroOptions zero;
+    zero.stage = config.zero_stage;
+    zero.adam = adam_options(config.optimizer, config.lr, config.beta1, config.beta2, config.eps,
+                             config.weight_decay);
+    zero.clip_grad = config.clip_grad;
+    zero.check_overflow = config.precision == "fp16";
+    optimizer.emplace(flat, *reducer, comm, zero);
+    if (config.precision == "fp16") {
+      LossScalerOptions scaling;
+      scaling.fixed_scale = config.loss_scale;
+      scaling.initial_scale_power = config.initial_scale_power;
+      scaling.scale_window = config.loss_scale_window;
+      scaling.hysteresis = config.hysteresis;
+      scaling.min_scale = config.min_loss_scale;
+      scaler.emplace(scaling);
+    }
     mean = torch::tensor(info.mean).view({1, info.channels, 1, 1});
     std = torch::tensor(info.std).view({1, info.channels, 1, 1});
     is_printer = output.print && comm.rank() == 0;
@@ -117,7 +162,7 @@ struct Trainer::Impl {
     const torch::Tensor bytes = torch::from_blob(
         const_cast<uint8_t*>(batch.images.data()),
         {batch.size, info.channels, info.height, info.width}, torch::kUInt8);
-    return bytes.to(torch::kFloat).div_(255.0).sub_(mean).div_(std);
+    return bytes.to(torch::kFloat).div_(255.0).sub_(mean).div_(std).to(dtype);
   }
 
   static torch::Tensor to_labels(const HostBatch& batch) {
@@ -125,29 +170,67 @@ struct Trainer::Impl {
                             torch::kLong);
   }
 
+  double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
+
   // Note [Gradient averaging]
   // Each rank's loss is the mean over its micro-batch, and every rank's micro-batch has the same
-  // size (the epoch plan pads or drops so that it does). The mean of the ranks' gradients is
-  // then the gradient of the mean loss over the global batch: we sum by all-reduce and divide by
-  // the world size, which makes N ranks with micro-batch b match 1 rank with batch N*b.
-  double train_step(const HostBatch& batch, IntervalTimes& times) {
+  // size (the epoch plan pads or drops so that it does). The gradient of the mean loss over the
+  // global batch (world size W ranks x grad_accum micro-steps) is then the sum, over ranks and
+  // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs on
+  // loss * loss_scale / (W * grad_accum), the micro-steps add up in the gradient buffer, and the
+  // collectives sum over ranks: no division pass, and fp16 sums stay small. N ranks with
+  // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
+  double forward_backward(const HostBatch& batch, bool sync, IntervalTimes& times) {
     Stopwatch phase;
     model->train();
     const torch::Tensor logits = model->forward(to_model_input(batch));
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, to_labels(batch));
+    const torch::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.to(torch::kFloat), to_labels(batch));
     times.forward_ms += phase.elapsed_ms();
     phase.restart();
-    loss.backward();
+    reducer->begin_backward(sync);
+    (loss * (loss_scale() / (comm.size() * static_cast<double>(config.grad_accum)))).backward();
     times.backward_ms += phase.elapsed_ms();
-    phase.restart();
-    comm.all_reduce(flat.grads()).wait();
-    if (comm.size() > 1) flat.grads().div_(comm.size());
-    times.comm_ms += phase.elapsed_ms();
-    phase.restart();
-    optimizer->step(flat.values(), flat.grads());
-    flat.zero_grads();
-    times.optimizer_ms += phase.elapsed_ms();
+    if (sync) {
+      times.comm_wait_ms += reducer->finish_backward();
+      times.comm_span_ms += reducer->comm_span_ms();
+      times.comm_bytes += reducer->bytes_last_backward();
+    } else {
+      reducer->finish_backward();
+    }
     return loss.item<double>();
+  }
+
+  // The optimizer step after a synchronised micro-step; false when fp16 overflowed (skipped).
+  bool optimizer_step(int64_t step, IntervalTimes& times) {
+    Stopwatch phase;
+    const StepOutcome outcome = optimizer->step(schedule->lr_at(step), loss_scale());
+    flat.zero_grads();
+    bool skipped = false;
+    if (scaler) {
+      const double scale_before = scaler->scale();
+      skipped = scaler->update(outcome.overflow);
+      if (skipped && is_printer)
+        std::printf("Step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
+                    static_cast<long long>(step + 1), scale_before, scaler->scale());
+    }
+    if (!buckets_rebuilt && !skipped) rebuild_buckets();
+    times.optimizer_ms += phase.elapsed_ms();
+    return !skipped;
+  }
+
+  // After the first step, the buckets follow the order in which gradients became ready.
+  void rebuild_buckets() {
+    buckets_rebuilt = true;
+    BucketLayout layout = reducer->rebuilt_layout();
+    bool same = layout.buckets.size() == flat.layout().buckets.size();
+    for (size_t b = 0; same && b < layout.buckets.size(); ++b)
+      same = layout.buckets[b].parameters == flat.layout().buckets[b].parameters;
+    if (same) return;
+    const FullOptimizerState state = optimizer->gather_full_state();
+    flat.relayout(std::move(layout));
+    reducer->reset_buckets();
+    optimizer->relayout(state);
   }
 
   EvalResult evaluate() {
@@ -164,7 +247,7 @@ struct Trainer::Impl {
     int64_t samples = 0;
     HostBatch batch;
     while (loader.next(batch)) {
-      const torch::Tensor logits = model->forward(to_model_input(batch));
+      const torch::Tensor logits = model->forward(to_model_input(batch)).to(torch::kFloat);
       const torch::Tensor labels = to_labels(batch);
       loss_sum += torch::nn::functional::cross_entropy(
                       logits, labels,
@@ -184,6 +267,14 @@ struct Trainer::Impl {
     return result;
   }
 
+  MemoryBytes memory() const {
+    MemoryBytes bytes;
+    bytes.parameters = flat.values().numel() * flat.values().element_size();
+    bytes.gradients = reducer->gradient_bytes();
+    bytes.optimizer_state = optimizer->state_bytes();
+    return bytes;
+  }
+
   void print_progress_bar(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
                           double loss) const {
     constexpr int kBarWidth = 30;
@@ -199,29 +290,53 @@ struct Trainer::Impl {
   // Rank 0's log line and metrics record for the interval that ends with this step.
   // Collective (the interval's loss is averaged over ranks).
   void log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                    int64_t global_step, IntervalTimes& times) {
-    const double loss =
-        comm.all_reduce_scalar(times.loss_sum) / (comm.size() * static_cast<double>(times.steps));
+                    int64_t global_step, int64_t skipped_total, IntervalTimes& times) {
+    const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
+    const double loss = comm.all_reduce_scalar(times.loss_sum) /
+                        (comm.size() * steps * config.grad_accum);
     const double interval_ms = times.wall.elapsed_ms();
     const double samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
-    const double steps = static_cast<double>(times.steps);
+    // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
+    // reduce-scatter busbw = algbw * (n-1)/n. The time is each bucket's span from its start
+    // to its observed end, so the figure is a lower bound.
+    const int n = comm.size();
+    const double bus_factor = config.zero_stage == 2 ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
+    const double busbw_gb_s = times.comm_span_ms > 0
+                                  ? times.comm_bytes / (times.comm_span_ms * 1e6) * bus_factor
+                                  : 0.0;
+    const MemoryBytes bytes = memory();
     metrics.write({{"kind", "train"},
                    {"epoch", epoch + 1},
                    {"step", global_step},
                    {"step_in_epoch", step_in_epoch + 1},
                    {"loss", loss},
+                   {"lr", schedule->lr_at(std::max<int64_t>(0, global_step - 1))},
                    {"samples_per_s", samples_per_s},
                    {"ms_per_step", interval_ms / steps},
                    {"data_wait_ms", times.data_wait_ms / steps},
                    {"forward_ms", times.forward_ms / steps},
                    {"backward_ms", times.backward_ms / steps},
-                   {"comm_ms", times.comm_ms / steps},
-                   {"optimizer_ms", times.optimizer_ms / steps}});
-    if (is_printer && !output.progress_bar)
-      std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step\n",
+                   {"comm_wait_ms", times.comm_wait_ms / steps},
+                   {"optimizer_ms", times.optimizer_ms / steps},
+                   {"comm_bytes_per_step", static_cast<double>(times.comm_bytes) / steps},
+                   {"busbw_gb_s", busbw_gb_s},
+                   {"buckets", reducer->num_buckets()},
+                   {"loss_scale", loss_scale()},
+                   {"skipped_steps", skipped_total},
+                   {"parameter_bytes", bytes.parameters},
+                   {"gradient_bytes", bytes.gradients},
+                   {"optimizer_state_bytes", bytes.optimizer_state}});
+    if (is_printer && !output.progress_bar) {
+      std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step "
+                  "(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f)",
                   epoch + 1, config.epochs, static_cast<long long>(step_in_epoch + 1),
                   static_cast<long long>(steps_per_epoch), loss, samples_per_s,
-                  interval_ms / steps);
+                  interval_ms / steps, times.forward_ms / steps, times.backward_ms / steps,
+                  times.comm_wait_ms / steps, times.optimizer_ms / steps);
+      if (scaler) std::printf(", loss scale %g, skipped %lld", scaler->scale(),
+                              static_cast<long long>(skipped_total));
+      std::printf("\n");
+    }
     std::fflush(stdout);
     times = IntervalTimes{};
   }
@@ -231,21 +346,42 @@ struct Trainer::Impl {
     const DatasetInfo& info = dataset.info();
     const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;
     const int64_t rank_samples = samples_for_rank(info.train_size, comm.size(), comm.rank(), tail);
-    const int64_t steps_per_epoch = batches_per_epoch(rank_samples, config.micro_batch);
+    const int64_t micro_steps_per_epoch = batches_per_epoch(rank_samples, config.micro_batch);
+    // Micro-steps carry over epoch boundaries (as DeepSpeed counts them), so an epoch has this
+    // many optimizer steps, give or take one.
+    const int64_t steps_per_epoch = std::max<int64_t>(1, micro_steps_per_epoch / config.grad_accum);
+    int64_t total_steps = steps_per_epoch * config.epochs;
+    if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
+    LrScheduleOptions schedule_options;
+    schedule_options.kind = config.lr_schedule;
+    schedule_options.lr = config.lr;
+    schedule_options.warmup_steps = config.warmup_steps;
+    schedule_options.warmup_type = config.warmup_type;
+    schedule_options.warmup_start_ratio = config.warmup_start_ratio;
+    schedule_options.cosine_final_ratio = config.cosine_final_ratio;
+    schedule_options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : total_steps;
+    schedule.emplace(schedule_options);
+
     TrainSummary summary;
     summary.world_size = comm.size();
     summary.model = config.model;
     summary.parameters = flat.numel();
-    summary.global_batch = static_cast<int64_t>(config.micro_batch) * comm.size();
+    summary.zero_stage = config.zero_stage;
+    summary.precision = config.precision;
+    summary.global_batch =
+        static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     if (is_printer)
-      std::printf("Training %s (%lld parameters) on %d rank(s): %lld samples, %lld steps per "
-                  "epoch, global batch %lld\n",
-                  config.model.c_str(), static_cast<long long>(flat.numel()), comm.size(),
-                  static_cast<long long>(info.train_size),
-                  static_cast<long long>(steps_per_epoch),
-                  static_cast<long long>(summary.global_batch));
+      std::printf("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s): %lld samples, "
+                  "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n",
+                  config.model.c_str(), static_cast<long long>(flat.numel()),
+                  config.precision.c_str(), config.zero_stage, comm.size(),
+                  static_cast<long long>(info.train_size), static_cast<long long>(steps_per_epoch),
+                  static_cast<long long>(summary.global_batch), config.micro_batch,
+                  config.grad_accum, comm.size());
 
-    int64_t global_step = 0;
+    int64_t global_step = 0;   // optimizer steps taken or skipped
+    int64_t micro_step = 0;    // over the whole run
+    int64_t skipped_total = 0;
     int64_t samples_after_first_step = 0;  // per rank
     double train_ms_after_first_step = 0.0;
     bool reached_max_steps = false;
@@ -257,36 +393,44 @@ struct Trainer::Impl {
                          config.micro_batch, config.prefetch_batches);
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
-      int64_t epoch_steps = 0;
+      int64_t epoch_micro_steps = 0;
+      int64_t step_in_epoch = 0;
       HostBatch batch;
-      for (int64_t step_in_epoch = 0;; ++step_in_epoch) {
-        Stopwatch step_wall;
+      Stopwatch step_wall;
+      for (;;) {
+        Stopwatch data_wait;
         if (!loader.next(batch)) break;
-        times.data_wait_ms += step_wall.elapsed_ms();
-        const double loss = train_step(batch, times);
-        ++global_step;
-        ++epoch_steps;
+        times.data_wait_ms += data_wait.elapsed_ms();
+        ++micro_step;
+        const bool sync = micro_step % config.grad_accum == 0;
+        const double loss = forward_backward(batch, sync, times);
         epoch_loss_sum += loss;
+        ++epoch_micro_steps;
         times.loss_sum += loss;
         times.samples += batch.size;
+        if (!sync) continue;
+        if (!optimizer_step(global_step, times)) ++skipped_total;
+        ++global_step;
         ++times.steps;
         if (global_step > 1) {
-          samples_after_first_step += batch.size;
+          samples_after_first_step += batch.size * config.grad_accum;
           train_ms_after_first_step += step_wall.elapsed_ms();
         }
+        step_wall.restart();
         if (is_printer && output.progress_bar)
           print_progress_bar(epoch, step_in_epoch, steps_per_epoch, loss);
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
-        const bool last_of_epoch = step_in_epoch + 1 == steps_per_epoch || reached_max_steps;
+        const bool last_of_epoch = step_in_epoch + 1 >= steps_per_epoch || reached_max_steps;
         if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch)
-          log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, times);
+          log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, skipped_total, times);
+        ++step_in_epoch;
         if (reached_max_steps) break;
       }
       if (is_printer && output.progress_bar) std::printf("\n");
       const double epoch_train_ms = epoch_wall.elapsed_ms();
-      summary.final_train_loss =
-          comm.all_reduce_scalar(epoch_loss_sum) / (comm.size() * std::max<int64_t>(1, epoch_steps));
-      const bool epoch_complete = epoch_steps == steps_per_epoch;
+      summary.final_train_loss = comm.all_reduce_scalar(epoch_loss_sum) /
+                                 (comm.size() * static_cast<double>(std::max<int64_t>(1, epoch_micro_steps)));
+      const bool epoch_complete = epoch_micro_steps == micro_steps_per_epoch;
       if (epoch_complete) ++summary.epochs_completed;
       summary.test = evaluate();
       metrics.write({{"kind", "epoch"},
@@ -298,7 +442,9 @@ struct Trainer::Impl {
                      {"test_accuracy", summary.test.accuracy},
                      {"epoch_train_s", epoch_train_ms / 1e3},
                      {"epoch_s", epoch_wall.elapsed_ms() / 1e3},
-                     {"loader_wait_s", loader.wait_ms() / 1e3}});
+                     {"loader_wait_s", loader.wait_ms() / 1e3},
+                     {"skipped_steps", skipped_total},
+                     {"loss_scale", loss_scale()}});
       if (is_printer)
         std::printf("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy "
                     "%.2f%% (%lld/%lld)\n",
@@ -309,6 +455,9 @@ struct Trainer::Impl {
       std::fflush(stdout);
     }
     summary.steps = global_step;
+    summary.skipped_steps = skipped_total;
+    summary.loss_scale = loss_scale();
+    summary.memory = memory();
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
     if (global_step > 1 && train_ms_after_first_step > 0) {
       // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.
@@ -331,6 +480,24 @@ TrainSummary Trainer::run() { return impl_->run(); }
 
 EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 
-at::Tensor Trainer::flat_parameters() const { return impl_->flat.values(); }
+at::Tensor Trainer::flat_parameters() const {
+  return impl_->flat.to_logical(impl_->flat.values()).to(at::kFloat);
+}
+
+MemoryBytes Trainer::memory() const { return impl_->memory(); }
+
+std::vector<std::pair<std::string, double>> Trainer::last_reducer_events() const {
+  std::vector<std::pair<std::string, double>> events;
+  for (const ReducerEvent& e : impl_->reducer->events()) {
+    switch (e.kind) {
+      case ReducerEvent::Kind::kCollectiveStarted:
+        events.emplace_back("bucket " + std::to_string(e.bucket) + " started", e.time_ms);
+        break;
+      case ReducerEvent::Kind::kBackwardEnded: events.emplace_back("backward ended", e.time_ms); break;
+      case ReducerEvent::Kind::kAllDone: events.emplace_back("all done", e.time_ms); break;
+    }
+  }
+  return events;
+}
 
 }  // namespace hpc_train

@@ -15,3 +15,7 @@ target_link_libraries(corrupt_label PRIVATE HDF5::HDF5 MPI::MPI_C)
 hpc_train_add_script_test(NAME test_errors SCRIPT test_errors.sh TIMEOUT 240)
 set_property(TEST test_errors APPEND PROPERTY ENVIRONMENT "CORRUPT_LABEL=$<TARGET_FILE:corrupt_label>")
 hpc_train_add_script_test(NAME test_end_to_end SCRIPT test_end_to_end.sh TIMEOUT 600)
+
+hpc_train_add_test(NAME test_buckets SOURCES test_buckets.cpp RANKS 1)
+hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300
+                   LIBS hpc_train_engine hpc_train_test_support)

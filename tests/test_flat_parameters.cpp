@@ -1,8 +1,24 @@
-// Flat storage: parameters and gradients are views of two buffers, and backward fills them.
+// Flat storage: parameters and gradients are views of two buffers laid out by buckets (padding
+// included), backward fills them, and the logical layout survives a re-layout.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "hpc_train/flat_parameters.h"
+
+namespace {
+
+hpc_train::BucketLayout layout_of(const std::vector<std::vector<int>>& groups,
+                                  const std::vector<int64_t>& numels, int world) {
+  std::vector<hpc_train::Bucket> buckets;
+  for (const auto& group : groups) {
+    hpc_train::Bucket bucket;
+    bucket.parameters = group;
+    buckets.push_back(bucket);
+  }
+  return hpc_train::make_bucket_layout(buckets, numels, world);
+}
+
+}  // namespace
 
 TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
   torch::manual_seed(1);
@@ -14,21 +30,36 @@ TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
     parameters.push_back(item.value());
   }
   const torch::Tensor weight_before = layer->weight.detach().clone();
-  hpc_train::FlatParameters flat(names, parameters);
+  // Bias first, then weight, world size 3: bias 2 -> padded 3; weight 6 -> 6.
+  hpc_train::FlatParameters flat(names, parameters, layout_of({{1}, {0}}, {6, 2}, 3));
   ASSERT_EQ(flat.numel(), 8);
-  EXPECT_EQ(flat.slots()[1].name, "bias");
-  EXPECT_EQ(flat.slots()[1].offset, 6);
+  ASSERT_EQ(flat.values().numel(), 9);
+  EXPECT_EQ(flat.layout().slots[0].offset, 3);
   // Values moved, not changed; the module now reads the flat buffer.
   EXPECT_TRUE(torch::equal(layer->weight.detach(), weight_before));
-  flat.values().narrow(0, 6, 2).fill_(5.0f);
+  flat.values().narrow(0, 0, 2).fill_(5.0f);
   EXPECT_TRUE(torch::equal(layer->bias.detach(), torch::full({2}, 5.0f)));
 
   const torch::Tensor x = torch::ones({4, 3});
   layer->forward(x).sum().backward();
-  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4.
-  EXPECT_TRUE(torch::equal(flat.grads(), torch::full({8}, 4.0f)));
+  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4; padding stays 0.
+  const torch::Tensor expected = torch::tensor({4.f, 4.f, 0.f, 4.f, 4.f, 4.f, 4.f, 4.f, 4.f});
+  EXPECT_TRUE(torch::equal(flat.grads(), expected));
   layer->forward(x).sum().backward();  // accumulates in place
-  EXPECT_TRUE(torch::equal(flat.grads(), torch::full({8}, 8.0f)));
+  EXPECT_TRUE(torch::equal(flat.grads(), expected * 2));
   flat.zero_grads();
   EXPECT_TRUE(torch::equal(layer->weight.grad(), torch::zeros({2, 3})));
+}
+
+TEST(FlatParameters, RelayoutKeepsTheLogicalValues) {
+  std::vector<at::Tensor> parameters = {torch::arange(5, torch::kFloat).requires_grad_(),
+                                        torch::arange(10, 13, torch::kFloat).requires_grad_()};
+  hpc_train::FlatParameters flat({"a", "b"}, parameters, layout_of({{1, 0}}, {5, 3}, 2));
+  const torch::Tensor logical = flat.to_logical(flat.values());
+  EXPECT_TRUE(torch::equal(logical, torch::tensor({0.f, 1.f, 2.f, 3.f, 4.f, 10.f, 11.f, 12.f})));
+  flat.relayout(layout_of({{0}, {1}}, {5, 3}, 4));
+  EXPECT_EQ(flat.values().numel(), 12);  // 5 -> 8, 3 -> 4
+  EXPECT_TRUE(torch::equal(flat.to_logical(flat.values()), logical));
+  EXPECT_TRUE(torch::equal(parameters[1].detach(), torch::tensor({10.f, 11.f, 12.f})));
+  EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));
 }

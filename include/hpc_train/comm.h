@@ -42,9 +42,18 @@ class Communicator {
   int size() const { return size_; }
   MPI_Comm mpi_comm() const { return comm_; }
 
-  // In place on a contiguous host tensor (float, double, int32 or int64).
+  // Tensors are contiguous, in host memory, of float, double, int32, int64, half or bfloat16
+  // (half and bfloat16 are summed in float by an MPI operation of ours).
+
+  // In place.
   Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   Work broadcast(at::Tensor& tensor, int root);
+  // `input` has size() equal slices; this rank's reduced slice lands in `output`
+  // (input.numel() / size() elements).
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum);
+  // In place: `buffer` has size() equal slices, this rank's own is at rank() * slice; afterwards
+  // every slice holds its rank's data.
+  Work all_gather_in_place(at::Tensor& buffer);
 
   // Small blocking reductions for scalars and flags (loss sums, counts, agreement).
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum);

@@ -1,6 +1,7 @@
-// The optimizer: Adam and AdamW over a flat fp32 parameter buffer (flat_parameters.h), with the
-// same arithmetic as torch.optim.Adam / AdamW (bias-corrected moments; AdamW decays the weights
-// directly, Adam adds weight_decay * p to the gradient).
+// Adam and AdamW, elementwise, on flat fp32 tensors: the same arithmetic as torch.optim.Adam /
+// AdamW (bias-corrected moments; AdamW decays the weights directly, Adam adds
+// weight_decay * p to the gradient). The ZeRO optimizer (zero_optimizer.h) applies it to this
+// rank's partition.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,7 +12,7 @@
 namespace hpc_train {
 
 struct AdamOptions {
-  double lr = 1e-3;
+  double lr = 1e-3;  // the base rate; a schedule may pass another one to adam_update
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
@@ -23,24 +24,9 @@ struct AdamOptions {
 AdamOptions adam_options(const std::string& optimizer, double lr, double beta1, double beta2,
                          double eps, double weight_decay);
 
-class FlatAdam {
- public:
-  FlatAdam(const AdamOptions& options, const at::Tensor& like_parameters);
-
-  // One update of `parameters` (in place) from `grads`; both flat, same shape as at construction.
-  void step(at::Tensor& parameters, const at::Tensor& grads);
-
-  int64_t steps_taken() const { return steps_taken_; }
-  const at::Tensor& exp_avg() const { return exp_avg_; }
-  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  // Bytes of optimizer state held by this rank (both moments).
-  int64_t state_bytes() const;
-
- private:
-  AdamOptions options_;
-  int64_t steps_taken_ = 0;
-  at::Tensor exp_avg_;
-  at::Tensor exp_avg_sq_;
-};
+// One update of `parameters` (fp32, in place) from `grads`, with moments `exp_avg` and
+// `exp_avg_sq` (updated in place); `step` counts from 1. All four are the same shape.
+void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_avg,
+                 at::Tensor exp_avg_sq, int64_t step, double lr, const AdamOptions& options);
 
 }  // namespace hpc_train

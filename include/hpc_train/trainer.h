@@ -12,6 +12,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
@@ -31,6 +33,13 @@ struct EvalResult {
   int64_t samples = 0;     // summed over ranks: the whole split, each sample once
 };
 
+// Bytes this rank holds, by kind (what ZeRO partitions).
+struct MemoryBytes {
+  int64_t parameters = 0;       // the flat parameter buffer (model dtype)
+  int64_t gradients = 0;        // the flat gradient buffer, plus the stage-2 partition
+  int64_t optimizer_state = 0;  // Adam moments, plus fp32 master weights when separate
+};
+
 struct TrainSummary {
   int world_size = 1;
   std::string model;
@@ -43,6 +52,11 @@ struct TrainSummary {
   double wall_s = 0.0;            // the whole run, evaluation included
   double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
   double ms_per_step = 0.0;       // likewise
+  int64_t skipped_steps = 0;      // fp16 overflows
+  double loss_scale = 1.0;        // at the end
+  MemoryBytes memory;             // rank 0's
+  int zero_stage = 0;
+  std::string precision;
   nlohmann::json to_json() const;
 };
 
@@ -63,8 +77,11 @@ class Trainer {
   TrainSummary run();
   // Loss and accuracy on the test split, exact counts over all ranks. Collective.
   EvalResult evaluate();
-  // The model's parameters, flat (a view of the live buffer).
+  // The model's parameters in the logical layout (model order, no padding): a copy.
   at::Tensor flat_parameters() const;
+  MemoryBytes memory() const;
+  // The reducer's record of the last synchronised backward (overlap test, metrics).
+  std::vector<std::pair<std::string, double>> last_reducer_events() const;
 
  private:
   struct Impl;

@@ -1,0 +1,88 @@
+// Bucket assignment (a free function) and the layout it defines: caps, order, a parameter larger
+// than a bucket, dtype groups, padding and partitions at world sizes that do not divide.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "hpc_train/buckets.h"
+#include "hpc_train/error.h"
+
+using namespace hpc_train;
+
+namespace {
+
+std::vector<BucketParameter> fp32(const std::vector<int64_t>& numels) {
+  std::vector<BucketParameter> params;
+  for (size_t i = 0; i < numels.size(); ++i) params.push_back({static_cast<int>(i), numels[i], 4, 0});
+  return params;
+}
+
+std::vector<std::vector<int>> members(const std::vector<Bucket>& buckets) {
+  std::vector<std::vector<int>> result;
+  for (const Bucket& b : buckets) result.push_back(b.parameters);
+  return result;
+}
+
+}  // namespace
+
+TEST(AssignBuckets, FillsUpToTheCapInTheGivenOrder) {
+  // 10 parameters of 25 floats (100 bytes); cap 300 bytes -> 3 per bucket, first bucket 100.
+  const auto buckets = assign_buckets(fp32(std::vector<int64_t>(10, 25)), 100, 300);
+  EXPECT_EQ(members(buckets),
+            (std::vector<std::vector<int>>{{0}, {1, 2, 3}, {4, 5, 6}, {7, 8, 9}}));
+  for (const Bucket& b : buckets) EXPECT_LE(b.bytes, 300);
+}
+
+TEST(AssignBuckets, KeepsTheReadyOrder) {
+  auto params = fp32({10, 10, 10, 10});
+  std::reverse(params.begin(), params.end());
+  const auto buckets = assign_buckets(params, 80, 80);
+  EXPECT_EQ(members(buckets), (std::vector<std::vector<int>>{{3, 2}, {1, 0}}));
+}
+
+TEST(AssignBuckets, ParameterLargerThanABucketGetsItsOwn) {
+  const auto buckets = assign_buckets(fp32({10, 1000, 10, 10}), 200, 200);
+  EXPECT_EQ(members(buckets), (std::vector<std::vector<int>>{{0}, {1}, {2, 3}}));
+  EXPECT_EQ(buckets[1].bytes, 4000);
+}
+
+TEST(AssignBuckets, SeparatesDtypes) {
+  // Alternating fp32 (dtype 0) and fp16 (dtype 1) parameters never share a bucket.
+  std::vector<BucketParameter> params;
+  for (int i = 0; i < 6; ++i) params.push_back({i, 10, i % 2 ? 2 : 4, i % 2});
+  const auto buckets = assign_buckets(params, 80, 80);
+  for (const Bucket& b : buckets)
+    for (int p : b.parameters) EXPECT_EQ(p % 2, b.dtype);
+  // fp32: 40 bytes each, cap 80 -> {0,2}, {4}; fp16: 20 bytes each -> {1,3,5} stays open.
+  EXPECT_EQ(members(buckets), (std::vector<std::vector<int>>{{0, 2}, {4}, {1, 3, 5}}));
+}
+
+TEST(AssignBuckets, RejectsZeroCaps) { EXPECT_THROW(assign_buckets(fp32({1}), 0, 10), Error); }
+
+TEST(BucketLayout, PadsEachBucketToTheWorldSize) {
+  const std::vector<int64_t> numels = {7, 5, 4};  // 16 elements, not divisible by 3
+  const auto buckets = assign_buckets(fp32(numels), 28, 40);  // {0}, {1, 2}
+  const BucketLayout layout = make_bucket_layout(buckets, numels, 3);
+  ASSERT_EQ(layout.spans.size(), 2u);
+  EXPECT_EQ(layout.spans[0].numel, 7);
+  EXPECT_EQ(layout.spans[0].padded_numel, 9);
+  EXPECT_EQ(layout.spans[0].slice_numel, 3);
+  EXPECT_EQ(layout.spans[1].offset, 9);
+  EXPECT_EQ(layout.spans[1].padded_numel, 9);
+  EXPECT_EQ(layout.slots[2].offset, 9 + 5);
+  EXPECT_EQ(layout.total_numel, 18);
+  EXPECT_EQ(layout.partition_numel, 6);  // 3 + 3: 1/3 of the padded total
+  EXPECT_EQ(layout.spans[1].partition_offset, 3);
+  for (int world = 1; world <= 5; ++world) {
+    const BucketLayout l = make_bucket_layout(buckets, numels, world);
+    EXPECT_EQ(l.partition_numel * world, l.total_numel);
+    EXPECT_LT(l.total_numel - 16, world * static_cast<int64_t>(l.spans.size()));
+  }
+}
+
+TEST(BucketLayout, EveryParameterExactlyOnce) {
+  std::vector<Bucket> twice(2);
+  twice[0].parameters = {0};
+  twice[1].parameters = {0};
+  EXPECT_THROW(make_bucket_layout(twice, {4, 4}, 2), Error);
+}

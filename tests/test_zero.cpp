@@ -1,0 +1,217 @@
+// ZeRO stages, gradient accumulation, clipping, overlap and fp16 overflow agreement, at 1, 2 and
+// 3 ranks on the CPU (fp32): every variant must end with the parameters of the single-rank run
+// with the global batch (relative difference <= 1e-5 after 20 steps), on simple_cnn over 1x8x8
+// images, whose 155,530 parameters are not divisible by 3, with small buckets so that every
+// bucket is padded.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "hpc_train/comm.h"
+#include "hpc_train/reducer.h"
+#include "hpc_train/runtime.h"
+#include "hpc_train/trainer.h"
+#include "hpc_train/zero_optimizer.h"
+#include "synthetic_dataset.h"
+
+namespace {
+
+using namespace hpc_train;
+
+constexpr int kSteps = 20;
+constexpr int kMicroBatch = 4;
+
+class ZeroTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::string path;
+    if (rank == 0) {
+      path = test_support::make_test_directory("zero") + "/data.h5";
+      test_support::SyntheticShape shape;
+      shape.train = 480;  // divisible by 4 * {1, 2, 3} * 2: no padding in 20 steps
+      test_support::write_synthetic_dataset(path, shape, 5);
+    }
+    path_ = broadcast_string(MPI_COMM_WORLD, path, 0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    file_ = new DatasetFile(DatasetFile::open(path_));
+  }
+  static void TearDownTestSuite() {
+    delete file_;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) std::filesystem::remove_all(std::filesystem::path(path_).parent_path());
+  }
+
+  static TrainConfig base(int micro_batch) {
+    TrainConfig config;
+    config.dataset_path = path_;
+    config.micro_batch = micro_batch;
+    config.epochs = 5;
+    config.max_steps = kSteps;
+    config.log_every = 1000;
+    config.seed = 3;
+    config.bucket_mb = 0.05;        // ~13 buckets of 50 KiB
+    config.first_bucket_mb = 0.01;
+    return config;
+  }
+
+  // Trains on `comm` and returns the logical parameters.
+  static torch::Tensor train(const TrainConfig& config, MPI_Comm comm, MemoryBytes* memory = nullptr) {
+    Trainer trainer(config, *file_, comm, TrainerOutput{"", false, false});
+    const TrainSummary summary = trainer.run();
+    EXPECT_EQ(summary.steps, kSteps);
+    if (memory) *memory = trainer.memory();
+    return trainer.flat_parameters();
+  }
+
+  // The single-rank reference with the global batch, computed on rank 0 and broadcast.
+  static torch::Tensor reference(TrainConfig config) {
+    Communicator world(MPI_COMM_WORLD);
+    config.micro_batch = kMicroBatch * world.size();
+    config.grad_accum = 1;
+    config.zero_stage = 0;
+    torch::Tensor result;
+    if (world.rank() == 0) result = train(config, MPI_COMM_SELF);
+    int64_t numel = result.defined() ? result.numel() : 0;
+    MPI_Bcast(&numel, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (world.rank() != 0) result = torch::empty({numel});
+    world.broadcast(result, 0).wait();
+    return result;
+  }
+
+  static void expect_close(const torch::Tensor& got, const torch::Tensor& want, const char* what) {
+    const double difference = ((got - want).norm() / want.norm()).item<double>();
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::printf("%s: relative difference %.3e\n", what, difference);
+    EXPECT_LE(difference, 1e-5) << what;
+  }
+
+  static std::string path_;
+  static DatasetFile* file_;
+};
+
+std::string ZeroTest::path_;
+DatasetFile* ZeroTest::file_ = nullptr;
+
+TEST_F(ZeroTest, StagesZeroOneTwoMatchTheSingleRankRun) {
+  const torch::Tensor want = reference(base(kMicroBatch));
+  MemoryBytes memory[3];
+  for (int stage = 0; stage <= 2; ++stage) {
+    TrainConfig config = base(kMicroBatch);
+    config.zero_stage = stage;
+    const std::string what = "stage " + std::to_string(stage);
+    expect_close(train(config, MPI_COMM_WORLD, &memory[stage]), want, what.c_str());
+  }
+  // Optimizer state per rank at stages 1 and 2 is 1/N of stage 0, within the padding (less
+  // than N elements per bucket, two fp32 moments each).
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int64_t padding_allowance = 2 * 4 * 64 * world;  // generous: up to 64 buckets
+  for (int stage = 1; stage <= 2; ++stage) {
+    EXPECT_LE(std::llabs(memory[stage].optimizer_state * world - memory[0].optimizer_state),
+              padding_allowance)
+        << "stage " << stage << ": " << memory[stage].optimizer_state << " bytes vs stage 0 "
+        << memory[0].optimizer_state;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0)
+    std::printf("optimizer state bytes per rank at %d ranks: stage 0 %lld, stage 1 %lld, stage 2 %lld\n",
+                world, static_cast<long long>(memory[0].optimizer_state),
+                static_cast<long long>(memory[1].optimizer_state),
+                static_cast<long long>(memory[2].optimizer_state));
+}
+
+TEST_F(ZeroTest, GradientAccumulationMatchesTheLargerBatch) {
+  // 2 micro-steps of b/2 per rank = 1 step of b per rank = 1 rank with N*b.
+  const torch::Tensor want = reference(base(kMicroBatch));
+  for (int stage : {1, 2}) {
+    TrainConfig config = base(kMicroBatch / 2);
+    config.grad_accum = 2;
+    config.zero_stage = stage;
+    const std::string what = "grad-accum 2, stage " + std::to_string(stage);
+    expect_close(train(config, MPI_COMM_WORLD), want, what.c_str());
+  }
+}
+
+TEST_F(ZeroTest, ClippingByTheGlobalNormMatches) {
+  TrainConfig clipped = base(kMicroBatch);
+  clipped.clip_grad = 0.05;  // well below the gradient norms here, so it clips every step
+  const torch::Tensor want = reference(clipped);
+  EXPECT_GT(((want - reference(base(kMicroBatch))).norm()).item<double>(), 1e-4)
+      << "clipping must change the result for this test to mean anything";
+  for (int stage : {0, 2}) {
+    TrainConfig config = clipped;
+    config.zero_stage = stage;
+    const std::string what = "clip 0.05, stage " + std::to_string(stage);
+    expect_close(train(config, MPI_COMM_WORLD), want, what.c_str());
+  }
+}
+
+TEST_F(ZeroTest, FirstBucketStartsBeforeBackwardEnds) {
+  TrainConfig config = base(kMicroBatch);
+  config.max_steps = 2;  // the second step runs with the rebuilt buckets
+  config.zero_stage = 2;
+  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false});
+  trainer.run();
+  const auto events = trainer.last_reducer_events();
+  size_t first_start = events.size();
+  size_t backward_end = events.size();
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].first == "bucket 0 started" && first_start == events.size()) first_start = i;
+    if (events[i].first == "backward ended") backward_end = i;
+  }
+  ASSERT_LT(backward_end, events.size());
+  ASSERT_LT(first_start, events.size());
+  EXPECT_LT(first_start, backward_end) << "bucket 0 must start while backward is still running";
+  EXPECT_LE(events[first_start].second, events[backward_end].second);
+  int started_during_backward = 0;
+  for (size_t i = 0; i < backward_end; ++i) started_during_backward += events[i].first.find("started") != std::string::npos;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0)
+    std::printf("overlap: %d collectives started during backward; bucket 0 at %.3f ms, backward "
+                "ended at %.3f ms\n", started_during_backward, events[first_start].second,
+                events[backward_end].second);
+}
+
+TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {
+  Communicator comm(MPI_COMM_WORLD);
+  // fp16 parameters (no forward needed: the gradients are set by hand).
+  std::vector<std::string> names = {"a", "b"};
+  std::vector<at::Tensor> parameters = {torch::ones({5, 3}).to(torch::kHalf).requires_grad_(),
+                                        torch::ones({7}).to(torch::kHalf).requires_grad_()};
+  ReducerOptions reducer_options;
+  reducer_options.reduce_scatter = true;
+  BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
+  FlatParameters flat(names, parameters, std::move(layout));
+  Reducer reducer(flat, comm, reducer_options);
+  ZeroOptions options;
+  options.stage = 2;
+  options.check_overflow = true;
+  ZeroOptimizer optimizer(flat, reducer, comm, options);
+  const torch::Tensor before = flat.values().clone();
+
+  flat.grads().fill_(0.5);
+  if (comm.rank() == comm.size() - 1) flat.grads()[3] = std::numeric_limits<float>::infinity();
+  reducer.begin_backward(true);
+  reducer.finish_backward();
+  const StepOutcome outcome = optimizer.step(1e-3, 1024.0);
+  EXPECT_TRUE(outcome.overflow) << "rank " << comm.rank() << " must learn of the overflow";
+  EXPECT_TRUE(torch::equal(flat.values(), before)) << "nothing may change on a skipped step";
+  EXPECT_EQ(optimizer.steps_taken(), 0);
+
+  flat.grads().fill_(0.5);
+  reducer.begin_backward(true);
+  reducer.finish_backward();
+  EXPECT_FALSE(optimizer.step(1e-3, 1024.0).overflow);
+  EXPECT_EQ(optimizer.steps_taken(), 1);
+  EXPECT_FALSE(torch::equal(flat.values(), before));
+}
+
+}  // namespace

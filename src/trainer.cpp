@@ -106,6 +106,7 @@ struct Trainer::Impl {
     torch::manual_seed(config.seed);
     model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
     model->to(dtype);
+    check_model_runs_in_dtype(info);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
@@ -145,6 +146,25 @@ struct Trainer::Impl {
     if (comm.rank() == 0 && !output.run_dir.empty())
       metrics = JsonlWriter(output.run_dir + "/metrics.jsonl");
   }
+
+  // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution
+  // on the CPU): one tiny forward finds out before training, with a message that says what to
+  // do instead of a LibTorch backtrace from the first step.
+  void check_model_runs_in_dtype(const DatasetInfo& info) {
+    if (dtype == torch::kFloat) return;
+    torch::NoGradGuard no_grad;
+    model->eval();
+    try {
+      model->forward(torch::zeros({1, info.channels, info.height, info.width}, dtype));
+    } catch (const c10::Error& e) {
+      throw ConfigError("--precision " + config.precision + ": " + config.model +
+                        " cannot run in " + config.precision + " here (" +
+                        first_line(e.what_without_backtrace()) +
+                        "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
+    }
+  }
+
+  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
   // Batch-norm running statistics are updated by each rank from its own batches; like DDP's
   // broadcast_buffers, rank 0's are the model's. They matter only in evaluation (and export).
@@ -476,7 +496,14 @@ Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm
 
 Trainer::~Trainer() = default;
 
-TrainSummary Trainer::run() { return impl_->run(); }
+TrainSummary Trainer::run() {
+  try {
+    return impl_->run();
+  } catch (const c10::Error& e) {
+    // LibTorch's own message, without its C++ backtrace.
+    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
+  }
+}
 
 EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 

@@ -5,7 +5,8 @@
 set -euo pipefail
 work="$HPC_TRAIN_TEST_WORK"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
-source_dir=/usr/share/datasets/fashion-mnist
+# Debian's dataset-fashion-mnist package; HPC_TRAIN_FASHION_MNIST_DIR points elsewhere.
+source_dir=${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 [ -f "$source_dir/train-images-idx3-ubyte.gz" ] || {
   echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist"; exit 1; }
 

@@ -33,7 +33,7 @@ expect_failure missing-dataset 3 "$work/nowhere.h5" -- --dataset "$work/nowhere.
 head -c 4096 /dev/urandom > garbage.h5
 expect_failure garbage-file 3 "garbage.h5" -- --dataset garbage.h5
 
-"$HPC_TRAIN_DATA" convert fashion-mnist /usr/share/datasets/fashion-mnist small.h5 \
+"$HPC_TRAIN_DATA" convert fashion-mnist "${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" small.h5 \
   --max-train 600 --max-test 100 > /dev/null
 head -c "$(( $(stat -c %s small.h5) / 2 ))" small.h5 > truncated.h5
 expect_failure truncated-file 3 "truncated.h5" -- --dataset truncated.h5

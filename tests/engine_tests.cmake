@@ -19,3 +19,4 @@ hpc_train_add_script_test(NAME test_end_to_end SCRIPT test_end_to_end.sh TIMEOUT
 hpc_train_add_test(NAME test_buckets SOURCES test_buckets.cpp RANKS 1)
 hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300
                    LIBS hpc_train_engine hpc_train_test_support)
+hpc_train_add_script_test(NAME test_deepspeed_run SCRIPT test_deepspeed_run.sh TIMEOUT 300)

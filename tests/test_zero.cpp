@@ -43,7 +43,7 @@ class ZeroTest : public ::testing::Test {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) std::filesystem::remove_all(std::filesystem::path(path_).parent_path());
+    if (rank == 0) test_support::remove_directory(std::filesystem::path(path_).parent_path().string());
   }
 
   static TrainConfig base(int micro_batch) {

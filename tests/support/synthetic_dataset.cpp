@@ -1,7 +1,10 @@
 #include "synthetic_dataset.h"
 
 #include <mpi.h>
+#include <ftw.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cstdlib>
 #include <filesystem>
@@ -55,9 +58,15 @@ std::string make_test_directory(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(tmp ? tmp : "/tmp") /
                                     ("hpc_train_test_" + name + "_" + std::to_string(getpid()) +
                                      "_r" + std::to_string(rank));
-  std::filesystem::remove_all(dir);
+  remove_directory(dir.string());
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+void remove_directory(const std::string& path) {
+  nftw(path.c_str(), [](const char* entry, const struct stat*, int, struct FTW*) {
+    return remove(entry);
+  }, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace hpc_train::test_support

@@ -22,4 +22,8 @@ void write_synthetic_dataset(const std::string& path, const SyntheticShape& shap
 // A fresh empty directory for this test (and this rank), under $TMPDIR or /tmp.
 std::string make_test_directory(const std::string& name);
 
+// Removes a directory tree. Not std::filesystem::remove_all: test programs that link the
+// LibTorch of PyTorch's wheel bind that symbol to the wheel's own copy, which crashes.
+void remove_directory(const std::string& path);
+
 }  // namespace hpc_train::test_support

@@ -90,10 +90,24 @@ int mpi_count(int64_t numel, const char* operation) {
   return static_cast<int>(numel);
 }
 
-void check_host_contiguous(const at::Tensor& tensor, const char* operation) {
-  if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous())
-    throw Error(std::string("MPI backend: ") + operation +
-                " needs a defined, contiguous tensor in host memory");
+void check_contiguous(const at::Tensor& tensor, const char* operation) {
+  if (!tensor.defined() || !tensor.is_contiguous())
+    throw Error(std::string("MPI backend: ") + operation + " needs a defined, contiguous tensor");
+}
+
+// Host memory MPI can use for `tensor`: the tensor itself on the host, else a pinned host copy
+// (with the tensor's contents when `copy_in`).
+at::Tensor host_buffer(const at::Tensor& tensor, bool copy_in) {
+  if (tensor.device().is_cpu()) return tensor;
+  at::Tensor host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+  if (copy_in) host.copy_(tensor);
+  return host;
+}
+
+// What a Work must do on completion for a staged result: copy it back to the device.
+std::function<void()> copy_back(const at::Tensor& device_tensor, const at::Tensor& host) {
+  if (device_tensor.device().is_cpu()) return {};
+  return [device_tensor, host]() mutable { device_tensor.copy_(host); };
 }
 
 }  // namespace
@@ -101,29 +115,44 @@ void check_host_contiguous(const at::Tensor& tensor, const char* operation) {
 Work::~Work() {
   // While an exception unwinds, the other ranks may never join this collective: waiting would
   // hang the job instead of letting run_or_abort end it (Note [Ending the job]).
-  if (request_ != MPI_REQUEST_NULL && std::uncaught_exceptions() == 0)
-    MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  if (request_ == MPI_REQUEST_NULL || std::uncaught_exceptions() > 0) return;
+  MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  try {
+    complete();
+  } catch (...) {  // destructors never throw
+  }
 }
 
-Work::Work(Work&& other) noexcept : request_(std::exchange(other.request_, MPI_REQUEST_NULL)) {}
+Work::Work(Work&& other) noexcept
+    : request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
+      on_complete_(std::move(other.on_complete_)) {}
 
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    Work finished(std::move(*this));  // waits for ours
     request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
+    on_complete_ = std::move(other.on_complete_);
   }
   return *this;
 }
 
+void Work::complete() {
+  if (on_complete_) std::exchange(on_complete_, nullptr)();
+}
+
 void Work::wait() {
   if (request_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+  complete();
 }
 
 bool Work::test() {
-  if (request_ == MPI_REQUEST_NULL) return true;
-  int done = 0;
-  MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-  return done != 0;
+  if (request_ != MPI_REQUEST_NULL) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    if (!done) return false;
+  }
+  complete();
+  return true;
 }
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
@@ -132,42 +161,52 @@ Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
 }
 
 Work Communicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  check_host_contiguous(tensor, "all_reduce");
+  check_contiguous(tensor, "all_reduce");
+  at::Tensor host = host_buffer(tensor, /*copy_in=*/true);
   MPI_Request request = MPI_REQUEST_NULL;
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), mpi_count(tensor.numel(), "all_reduce"),
-                           mpi_datatype(tensor), mpi_op(op, tensor), comm_, &request));
-  return Work(request);
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data_ptr(), mpi_count(host.numel(), "all_reduce"),
+                           mpi_datatype(host), mpi_op(op, host), comm_, &request));
+  return Work(request, copy_back(tensor, host));
 }
 
 Work Communicator::broadcast(at::Tensor& tensor, int root) {
-  check_host_contiguous(tensor, "broadcast");
+  check_contiguous(tensor, "broadcast");
+  at::Tensor host = host_buffer(tensor, /*copy_in=*/rank_ == root);
   MPI_Request request = MPI_REQUEST_NULL;
-  MPI_CHECK(MPI_Ibcast(tensor.data_ptr(), mpi_count(tensor.numel(), "broadcast"),
-                       mpi_datatype(tensor), root, comm_, &request));
-  return Work(request);
+  MPI_CHECK(MPI_Ibcast(host.data_ptr(), mpi_count(host.numel(), "broadcast"), mpi_datatype(host),
+                       root, comm_, &request));
+  return Work(request, copy_back(tensor, host));
 }
 
 Work Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
-  check_host_contiguous(input, "reduce_scatter");
-  check_host_contiguous(output, "reduce_scatter");
+  check_contiguous(input, "reduce_scatter");
+  check_contiguous(output, "reduce_scatter");
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw Error("MPI backend: reduce_scatter needs input of size() x output elements, one dtype");
+  const at::Tensor host_input = host_buffer(input, /*copy_in=*/true);
+  at::Tensor host_output = host_buffer(output, /*copy_in=*/false);
   MPI_Request request = MPI_REQUEST_NULL;
-  MPI_CHECK(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(),
+  MPI_CHECK(MPI_Ireduce_scatter_block(host_input.data_ptr(), host_output.data_ptr(),
                                       mpi_count(output.numel(), "reduce_scatter"),
-                                      mpi_datatype(input), mpi_op(op, input), comm_, &request));
-  return Work(request);
+                                      mpi_datatype(host_input), mpi_op(op, host_input), comm_,
+                                      &request));
+  // The staged input must outlive the collective: the completion holds it.
+  std::function<void()> finish = copy_back(output, host_output);
+  if (!input.device().is_cpu())
+    finish = [finish, host_input] { if (finish) finish(); };
+  return Work(request, std::move(finish));
 }
 
 Work Communicator::all_gather_in_place(at::Tensor& buffer) {
-  check_host_contiguous(buffer, "all_gather");
+  check_contiguous(buffer, "all_gather");
   if (buffer.numel() % size_ != 0)
     throw Error("MPI backend: all_gather needs a buffer of size() equal slices");
+  at::Tensor host = host_buffer(buffer, /*copy_in=*/true);
   MPI_Request request = MPI_REQUEST_NULL;
   const int slice = mpi_count(buffer.numel() / size_, "all_gather");
-  MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data_ptr(), slice,
-                           mpi_datatype(buffer), comm_, &request));
-  return Work(request);
+  MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host.data_ptr(), slice,
+                           mpi_datatype(host), comm_, &request));
+  return Work(request, copy_back(buffer, host));
 }
 
 double Communicator::all_reduce_scalar(double value, ReduceOp op) {

@@ -46,6 +46,37 @@ struct IntervalTimes {
   double comm_span_ms = 0.0;
   int64_t comm_bytes = 0;
   Stopwatch wall;
+
+  void add(const IntervalTimes& other) {
+    steps += other.steps;
+    samples += other.samples;
+    loss_sum += other.loss_sum;
+    data_wait_ms += other.data_wait_ms;
+    forward_ms += other.forward_ms;
+    backward_ms += other.backward_ms;
+    comm_wait_ms += other.comm_wait_ms;
+    optimizer_ms += other.optimizer_ms;
+    comm_span_ms += other.comm_span_ms;
+    comm_bytes += other.comm_bytes;
+  }
+
+  // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
+  // reduce-scatter busbw = algbw * (n-1)/n. The time is each backward's span from its first
+  // collective's start to the last one's observed end, so the figure is a lower bound.
+  StepBreakdown breakdown(int world_size, bool reduce_scatter) const {
+    const double n = world_size;
+    const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
+    const double bus_factor = reduce_scatter ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
+    StepBreakdown b;
+    b.data_wait_ms = data_wait_ms * per_step;
+    b.forward_ms = forward_ms * per_step;
+    b.backward_ms = backward_ms * per_step;
+    b.comm_wait_ms = comm_wait_ms * per_step;
+    b.optimizer_ms = optimizer_ms * per_step;
+    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_step;
+    b.busbw_gb_s = comm_span_ms > 0 ? comm_bytes / (comm_span_ms * 1e6) * bus_factor : 0.0;
+    return b;
+  }
 };
 
 }  // namespace
@@ -73,7 +104,15 @@ nlohmann::json TrainSummary::to_json() const {
           {"loss_scale", loss_scale},
           {"parameter_bytes_per_rank", memory.parameters},
           {"gradient_bytes_per_rank", memory.gradients},
-          {"optimizer_state_bytes_per_rank", memory.optimizer_state}};
+          {"optimizer_state_bytes_per_rank", memory.optimizer_state},
+          {"step_breakdown", breakdown.to_json()}};
+}
+
+nlohmann::json StepBreakdown::to_json() const {
+  return {{"data_wait_ms", data_wait_ms},   {"forward_ms", forward_ms},
+          {"backward_ms", backward_ms},     {"comm_wait_ms", comm_wait_ms},
+          {"optimizer_ms", optimizer_ms},   {"comm_bytes_per_step", comm_bytes_per_step},
+          {"busbw_gb_s", busbw_gb_s}};
 }
 
 struct Trainer::Impl {
@@ -93,6 +132,7 @@ struct Trainer::Impl {
   torch::Tensor std;
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
+  IntervalTimes run_times;  // every log interval of the run, added up
 
   Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out)
       : config(c), dataset(d), comm(mpi_comm), output(std::move(out)),
@@ -316,48 +356,37 @@ struct Trainer::Impl {
                         (comm.size() * steps * config.grad_accum);
     const double interval_ms = times.wall.elapsed_ms();
     const double samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
-    // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
-    // reduce-scatter busbw = algbw * (n-1)/n. The time is each bucket's span from its start
-    // to its observed end, so the figure is a lower bound.
-    const int n = comm.size();
-    const double bus_factor = config.zero_stage == 2 ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
-    const double busbw_gb_s = times.comm_span_ms > 0
-                                  ? times.comm_bytes / (times.comm_span_ms * 1e6) * bus_factor
-                                  : 0.0;
+    const StepBreakdown b = times.breakdown(comm.size(), config.zero_stage == 2);
     const MemoryBytes bytes = memory();
-    metrics.write({{"kind", "train"},
-                   {"epoch", epoch + 1},
-                   {"step", global_step},
-                   {"step_in_epoch", step_in_epoch + 1},
-                   {"loss", loss},
-                   {"lr", schedule->lr_at(std::max<int64_t>(0, global_step - 1))},
-                   {"samples_per_s", samples_per_s},
-                   {"ms_per_step", interval_ms / steps},
-                   {"data_wait_ms", times.data_wait_ms / steps},
-                   {"forward_ms", times.forward_ms / steps},
-                   {"backward_ms", times.backward_ms / steps},
-                   {"comm_wait_ms", times.comm_wait_ms / steps},
-                   {"optimizer_ms", times.optimizer_ms / steps},
-                   {"comm_bytes_per_step", static_cast<double>(times.comm_bytes) / steps},
-                   {"busbw_gb_s", busbw_gb_s},
-                   {"buckets", reducer->num_buckets()},
-                   {"loss_scale", loss_scale()},
-                   {"skipped_steps", skipped_total},
-                   {"parameter_bytes", bytes.parameters},
-                   {"gradient_bytes", bytes.gradients},
-                   {"optimizer_state_bytes", bytes.optimizer_state}});
+    nlohmann::json record = {{"kind", "train"},
+                             {"epoch", epoch + 1},
+                             {"step", global_step},
+                             {"step_in_epoch", step_in_epoch + 1},
+                             {"loss", loss},
+                             {"lr", schedule->lr_at(std::max<int64_t>(0, global_step - 1))},
+                             {"samples_per_s", samples_per_s},
+                             {"ms_per_step", interval_ms / steps},
+                             {"buckets", reducer->num_buckets()},
+                             {"loss_scale", loss_scale()},
+                             {"skipped_steps", skipped_total},
+                             {"parameter_bytes", bytes.parameters},
+                             {"gradient_bytes", bytes.gradients},
+                             {"optimizer_state_bytes", bytes.optimizer_state}};
+    record.update(b.to_json());
+    metrics.write(record);
     if (is_printer && !output.progress_bar) {
       std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step "
-                  "(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f)",
+                  "(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
                   epoch + 1, config.epochs, static_cast<long long>(step_in_epoch + 1),
                   static_cast<long long>(steps_per_epoch), loss, samples_per_s,
-                  interval_ms / steps, times.forward_ms / steps, times.backward_ms / steps,
-                  times.comm_wait_ms / steps, times.optimizer_ms / steps);
+                  interval_ms / steps, b.forward_ms, b.backward_ms, b.comm_wait_ms,
+                  b.optimizer_ms, b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
       if (scaler) std::printf(", loss scale %g, skipped %lld", scaler->scale(),
                               static_cast<long long>(skipped_total));
       std::printf("\n");
     }
     std::fflush(stdout);
+    run_times.add(times);
     times = IntervalTimes{};
   }
 
@@ -390,14 +419,19 @@ struct Trainer::Impl {
     summary.precision = config.precision;
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
-    if (is_printer)
+    if (is_printer) {
+      const MemoryBytes bytes = memory();
       std::printf("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s): %lld samples, "
-                  "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n",
+                  "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n"
+                  "Per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB; "
+                  "%zu gradient buckets\n",
                   config.model.c_str(), static_cast<long long>(flat.numel()),
                   config.precision.c_str(), config.zero_stage, comm.size(),
                   static_cast<long long>(info.train_size), static_cast<long long>(steps_per_epoch),
                   static_cast<long long>(summary.global_batch), config.micro_batch,
-                  config.grad_accum, comm.size());
+                  config.grad_accum, comm.size(), bytes.parameters / 1e6, bytes.gradients / 1e6,
+                  bytes.optimizer_state / 1e6, reducer->num_buckets());
+    }
 
     int64_t global_step = 0;   // optimizer steps taken or skipped
     int64_t micro_step = 0;    // over the whole run
@@ -478,6 +512,7 @@ struct Trainer::Impl {
     summary.skipped_steps = skipped_total;
     summary.loss_scale = loss_scale();
     summary.memory = memory();
+    summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
     if (global_step > 1 && train_ms_after_first_step > 0) {
       // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.

@@ -1,14 +1,17 @@
 // The Communicator: collectives over the ranks of one MPI communicator, on tensors.
 //
 // Operations are asynchronous and return a `Work` handle (wait / test), so that a caller can
-// start a reduction and do something else meanwhile. This is the MPI backend: tensors in host
-// memory, reduced in place by MPI's non-blocking collectives.
+// start a reduction and do something else meanwhile. This is the MPI backend: MPI's
+// non-blocking collectives on host memory. GPU tensors are staged through pinned host buffers
+// (the MPI we target is not CUDA-aware): copied to the host when the operation starts, and back
+// when the Work completes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace hpc_train {
 
@@ -19,7 +22,9 @@ enum class ReduceOp { kSum, kMax, kMin };
 class Work {
  public:
   Work() = default;
-  explicit Work(MPI_Request request) : request_(request) {}
+  // `on_complete` runs once, when the request is seen complete (e.g. copies a staged result back).
+  explicit Work(MPI_Request request, std::function<void()> on_complete = {})
+      : request_(request), on_complete_(std::move(on_complete)) {}
   ~Work();
   Work(Work&& other) noexcept;
   Work& operator=(Work&& other) noexcept;
@@ -30,7 +35,10 @@ class Work {
   bool test();  // true once done
 
  private:
+  void complete();
+
   MPI_Request request_ = MPI_REQUEST_NULL;
+  std::function<void()> on_complete_;
 };
 
 class Communicator {
@@ -42,8 +50,8 @@ class Communicator {
   int size() const { return size_; }
   MPI_Comm mpi_comm() const { return comm_; }
 
-  // Tensors are contiguous, in host memory, of float, double, int32, int64, half or bfloat16
-  // (half and bfloat16 are summed in float by an MPI operation of ours).
+  // Tensors are contiguous, of float, double, int32, int64, half or bfloat16 (half and
+  // bfloat16 are summed in float by an MPI operation of ours), on the host or a GPU.
 
   // In place.
   Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

@@ -40,6 +40,19 @@ struct MemoryBytes {
   int64_t optimizer_state = 0;  // Adam moments, plus fp32 master weights when separate
 };
 
+// Where a step's time goes, per optimizer step, averaged over the run (milliseconds), and what
+// the gradient collectives moved.
+struct StepBreakdown {
+  double data_wait_ms = 0.0;   // blocked on the loader
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;    // collectives started from the hooks run inside it
+  double comm_wait_ms = 0.0;   // exposed communication: waiting after backward
+  double optimizer_ms = 0.0;   // unscale, clip, update, all-gather
+  double comm_bytes_per_step = 0.0;
+  double busbw_gb_s = 0.0;     // nccl-tests' bus bandwidth, a lower bound (see trainer.cpp)
+  nlohmann::json to_json() const;
+};
+
 struct TrainSummary {
   int world_size = 1;
   std::string model;
@@ -55,6 +68,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;      // fp16 overflows
   double loss_scale = 1.0;        // at the end
   MemoryBytes memory;             // rank 0's
+  StepBreakdown breakdown;        // rank 0's
   int zero_stage = 0;
   std::string precision;
   nlohmann::json to_json() const;

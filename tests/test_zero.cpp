@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "hpc_train/comm.h"
@@ -178,6 +179,25 @@ TEST_F(ZeroTest, FirstBucketStartsBeforeBackwardEnds) {
     std::printf("overlap: %d collectives started during backward; bucket 0 at %.3f ms, backward "
                 "ended at %.3f ms\n", started_during_backward, events[first_start].second,
                 events[backward_end].second);
+}
+
+TEST_F(ZeroTest, ResNet18TrainsAndEveryRankHoldsTheSameParameters) {
+  // Batch norm sees each rank's own micro-batch, so resnet18 is not expected to match the
+  // single-rank run (as with DDP without SyncBatchNorm); the ranks must still agree exactly.
+  TrainConfig config = base(kMicroBatch);
+  config.model = "resnet18";
+  config.max_steps = 3;
+  config.zero_stage = 2;
+  config.bucket_mb = 8.0;
+  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false});
+  const TrainSummary summary = trainer.run();
+  EXPECT_EQ(summary.steps, 3);
+  EXPECT_GT(summary.parameters, 11000000);
+  EXPECT_TRUE(std::isfinite(summary.final_train_loss));
+  const torch::Tensor mine = trainer.flat_parameters();
+  torch::Tensor root = mine.clone();
+  Communicator(MPI_COMM_WORLD).broadcast(root, 0).wait();
+  EXPECT_TRUE(torch::equal(root, mine));
 }
 
 TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {

@@ -1,4 +1,4 @@
-// The MPI backend of the Communicator (comm.h).
+// The MPI backend of the Communicator (comm.h): non-blocking MPI collectives on host memory.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -110,75 +110,76 @@ std::function<void()> copy_back(const at::Tensor& device_tensor, const at::Tenso
   return [device_tensor, host]() mutable { device_tensor.copy_(host); };
 }
 
+
+// An MPI request, and what to do once it completes (copy a staged result back).
+class MpiWork : public Work::Impl {
+ public:
+  MpiWork(MPI_Request request, std::function<void()> on_complete)
+      : request_(request), on_complete_(std::move(on_complete)) {}
+  void wait() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    complete();
+  }
+  bool test() override {
+    if (request_ != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+      if (!done) return false;
+    }
+    complete();
+    return true;
+  }
+
+ private:
+  void complete() {
+    if (on_complete_) std::exchange(on_complete_, nullptr)();
+  }
+  MPI_Request request_;
+  std::function<void()> on_complete_;
+};
+
+Work make_work(MPI_Request request, std::function<void()> on_complete = {}) {
+  return Work(std::make_unique<MpiWork>(request, std::move(on_complete)));
+}
+
+class MpiBackend : public CommBackend {
+ public:
+  explicit MpiBackend(MPI_Comm comm) : comm_(comm) {
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  Work all_reduce(at::Tensor& tensor, ReduceOp op) override;
+  Work broadcast(at::Tensor& tensor, int root) override;
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
+  Work all_gather_in_place(at::Tensor& buffer) override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
 }  // namespace
 
-Work::~Work() {
-  // While an exception unwinds, the other ranks may never join this collective: waiting would
-  // hang the job instead of letting run_or_abort end it (Note [Ending the job]).
-  if (request_ == MPI_REQUEST_NULL || std::uncaught_exceptions() > 0) return;
-  MPI_Wait(&request_, MPI_STATUS_IGNORE);
-  try {
-    complete();
-  } catch (...) {  // destructors never throw
-  }
-}
-
-Work::Work(Work&& other) noexcept
-    : request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
-      on_complete_(std::move(other.on_complete_)) {}
-
-Work& Work::operator=(Work&& other) noexcept {
-  if (this != &other) {
-    Work finished(std::move(*this));  // waits for ours
-    request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
-    on_complete_ = std::move(other.on_complete_);
-  }
-  return *this;
-}
-
-void Work::complete() {
-  if (on_complete_) std::exchange(on_complete_, nullptr)();
-}
-
-void Work::wait() {
-  if (request_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
-  complete();
-}
-
-bool Work::test() {
-  if (request_ != MPI_REQUEST_NULL) {
-    int done = 0;
-    MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-    if (!done) return false;
-  }
-  complete();
-  return true;
-}
-
-Communicator::Communicator(MPI_Comm comm) : comm_(comm) {
-  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-  MPI_CHECK(MPI_Comm_size(comm_, &size_));
-}
-
-Work Communicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
+Work MpiBackend::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_contiguous(tensor, "all_reduce");
   at::Tensor host = host_buffer(tensor, /*copy_in=*/true);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data_ptr(), mpi_count(host.numel(), "all_reduce"),
                            mpi_datatype(host), mpi_op(op, host), comm_, &request));
-  return Work(request, copy_back(tensor, host));
+  return make_work(request, copy_back(tensor, host));
 }
 
-Work Communicator::broadcast(at::Tensor& tensor, int root) {
+Work MpiBackend::broadcast(at::Tensor& tensor, int root) {
   check_contiguous(tensor, "broadcast");
   at::Tensor host = host_buffer(tensor, /*copy_in=*/rank_ == root);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibcast(host.data_ptr(), mpi_count(host.numel(), "broadcast"), mpi_datatype(host),
                        root, comm_, &request));
-  return Work(request, copy_back(tensor, host));
+  return make_work(request, copy_back(tensor, host));
 }
 
-Work Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+Work MpiBackend::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   check_contiguous(input, "reduce_scatter");
   check_contiguous(output, "reduce_scatter");
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
@@ -194,10 +195,10 @@ Work Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, R
   std::function<void()> finish = copy_back(output, host_output);
   if (!input.device().is_cpu())
     finish = [finish, host_input] { if (finish) finish(); };
-  return Work(request, std::move(finish));
+  return make_work(request, std::move(finish));
 }
 
-Work Communicator::all_gather_in_place(at::Tensor& buffer) {
+Work MpiBackend::all_gather_in_place(at::Tensor& buffer) {
   check_contiguous(buffer, "all_gather");
   if (buffer.numel() % size_ != 0)
     throw Error("MPI backend: all_gather needs a buffer of size() equal slices");
@@ -206,9 +207,14 @@ Work Communicator::all_gather_in_place(at::Tensor& buffer) {
   const int slice = mpi_count(buffer.numel() / size_, "all_gather");
   MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host.data_ptr(), slice,
                            mpi_datatype(host), comm_, &request));
-  return Work(request, copy_back(buffer, host));
+  return make_work(request, copy_back(buffer, host));
 }
 
+std::unique_ptr<CommBackend> make_mpi_backend(MPI_Comm comm) {
+  return std::make_unique<MpiBackend>(comm);
+}
+
+// Scalars travel over MPI whatever the tensor backend.
 double Communicator::all_reduce_scalar(double value, ReduceOp op) {
   double result = value;
   MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, mpi_op(op), comm_));

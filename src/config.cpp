@@ -107,6 +107,10 @@ const OptionSpec kOptions[] = {
      "the first (last layers') bucket, MiB"},
     {"overlap-comm", "comm", &TrainConfig::overlap_comm,
      "reduce a full bucket while backward goes on"},
+    {"device", "runtime", &TrainConfig::device,
+     "auto (a GPU per rank where there are GPUs), cuda or cpu"},
+    {"backend", "runtime", &TrainConfig::backend,
+     "gradient collectives: auto (nccl on GPUs, else mpi), nccl or mpi"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
     {"run-dir", "output", &TrainConfig::run_dir, "logs, metrics; empty = runs/<UTC timestamp>"},
@@ -604,6 +608,10 @@ void validate(const TrainConfig& c) {
           "must be a finite number of MiB > 0, e.g. 25");
   require(std::isfinite(c.first_bucket_mb) && c.first_bucket_mb > 0, "first-bucket-mb",
           c.first_bucket_mb, "must be a finite number of MiB > 0, e.g. 1");
+  require(c.device == "auto" || c.device == "cuda" || c.device == "cpu", "device", c.device,
+          "must be auto, cuda or cpu");
+  require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi", "backend", c.backend,
+          "must be auto, nccl or mpi");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");

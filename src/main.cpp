@@ -46,11 +46,16 @@ int main(int argc, char** argv) {
     config.run_dir = create_run_directory(runtime, config.run_dir);
     const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
     set_compute_threads(threads);
+    Placement placement;
+    run_agreed_phase(runtime, [&] {
+      placement = resolve_placement(config, runtime.local_rank(), runtime.local_size());
+    });
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);
-      std::printf("hpc_train %s: %d rank(s) on the CPU, %d compute thread(s) per rank\n%s\n",
-                  HPC_TRAIN_VERSION, runtime.world_size(), threads, resolved.c_str());
+      std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n%s\n",
+                  HPC_TRAIN_VERSION, runtime.world_size(), placement.describe().c_str(), threads,
+                  resolved.c_str());
       std::fflush(stdout);
     }
 
@@ -67,7 +72,7 @@ int main(int argc, char** argv) {
         config.progress == "bar" || (config.progress == "auto" && stdout_is_terminal());
     std::unique_ptr<Trainer> trainer;
     run_agreed_phase(runtime, [&] {
-      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output);
+      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement);
     });
 
     const TrainSummary summary = trainer->run();

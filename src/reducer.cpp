@@ -157,12 +157,11 @@ BucketLayout Reducer::rebuilt_layout() {
   for (int p : order) seen[p] = true;
   for (int i = static_cast<int>(parameters.size()) - 1; i >= 0; --i)
     if (!seen[i]) order.push_back(i);
-  at::Tensor shared = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong);
-  comm_.broadcast(shared, 0).wait();
+  // Control data: over MPI on the host, whatever the tensor backend.
+  MPI_CHECK(MPI_Bcast(order.data(), static_cast<int>(order.size()), MPI_INT, 0, comm_.mpi_comm()));
   std::vector<BucketParameter> ready_order;
   std::vector<int64_t> numels;
-  for (int64_t i = 0; i < shared.numel(); ++i) {
-    const int p = static_cast<int>(shared[i].item<int64_t>());
+  for (int p : order) {
     ready_order.push_back({p, parameters[p].numel(), static_cast<int>(parameters[p].element_size()),
                            dtype_id(parameters[p])});
   }

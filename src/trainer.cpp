@@ -1,5 +1,6 @@
 #include "hpc_train/trainer.h"
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -83,12 +84,42 @@ struct IntervalTimes {
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
+std::string Placement::describe() const {
+  return (cuda ? "GPU " + std::to_string(cuda_device) : std::string("CPU")) + ", " +
+         (backend == CommBackendKind::kNccl ? "nccl" : "mpi");
+}
+
+Placement resolve_placement(const TrainConfig& config, int local_rank, int local_size) {
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  Placement placement;
+  if (config.device == "cuda" && gpus == 0)
+    throw ConfigError("--device cuda: LibTorch sees no GPU here (or was built without CUDA); "
+                      "use --device cpu");
+  placement.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
+  if (placement.cuda) placement.cuda_device = local_rank % gpus;
+  const bool gpu_per_rank = placement.cuda && local_size <= gpus;
+  if (config.backend == "nccl") {
+    if (!nccl_available())
+      throw ConfigError("--backend nccl: this hpc_train was built with a LibTorch without CUDA");
+    if (!gpu_per_rank)
+      throw ConfigError("--backend nccl needs a GPU of its own for every rank (" +
+                        std::to_string(local_size) + " ranks on this node, " +
+                        std::to_string(gpus) + " GPU(s)); use --backend mpi");
+  }
+  placement.backend = config.backend == "nccl" ||
+                              (config.backend == "auto" && gpu_per_rank && nccl_available())
+                          ? CommBackendKind::kNccl
+                          : CommBackendKind::kMpi;
+  return placement;
+}
+
 nlohmann::json TrainSummary::to_json() const {
   return {{"world_size", world_size},
           {"model", model},
           {"parameters", parameters},
           {"zero_stage", zero_stage},
           {"precision", precision},
+          {"placement", placement},
           {"epochs_completed", epochs_completed},
           {"steps", steps},
           {"global_batch", global_batch},
@@ -120,6 +151,8 @@ struct Trainer::Impl {
   const DatasetFile& dataset;
   Communicator comm;
   TrainerOutput output;
+  Placement placement;
+  torch::Device device;
   torch::Dtype dtype;
   std::shared_ptr<Model> model;
   FlatParameters flat;
@@ -134,8 +167,12 @@ struct Trainer::Impl {
   bool is_printer = false;  // rank 0 with printing on
   IntervalTimes run_times;  // every log interval of the run, added up
 
-  Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out)
-      : config(c), dataset(d), comm(mpi_comm), output(std::move(out)),
+  Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out,
+       Placement where)
+      : config(c), dataset(d), comm(mpi_comm, where.backend, where.cuda_device),
+        output(std::move(out)), placement(where),
+        device(where.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(where.cuda_device))
+                          : torch::Device(torch::kCPU)),
         dtype(model_dtype(c.precision)) {
     const DatasetInfo& info = dataset.info();
     if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
@@ -145,7 +182,7 @@ struct Trainer::Impl {
                         std::to_string(comm.size()) + " ranks; use fewer ranks or more data");
     torch::manual_seed(config.seed);
     model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
-    model->to(dtype);
+    model->to(device, dtype);
     check_model_runs_in_dtype(info);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
@@ -180,8 +217,8 @@ struct Trainer::Impl {
       scaling.min_scale = config.min_loss_scale;
       scaler.emplace(scaling);
     }
-    mean = torch::tensor(info.mean).view({1, info.channels, 1, 1});
-    std = torch::tensor(info.std).view({1, info.channels, 1, 1});
+    mean = torch::tensor(info.mean).view({1, info.channels, 1, 1}).to(device);
+    std = torch::tensor(info.std).view({1, info.channels, 1, 1}).to(device);
     is_printer = output.print && comm.rank() == 0;
     if (comm.rank() == 0 && !output.run_dir.empty())
       metrics = JsonlWriter(output.run_dir + "/metrics.jsonl");
@@ -195,7 +232,8 @@ struct Trainer::Impl {
     torch::NoGradGuard no_grad;
     model->eval();
     try {
-      model->forward(torch::zeros({1, info.channels, info.height, info.width}, dtype));
+      model->forward(torch::zeros({1, info.channels, info.height, info.width},
+                                  torch::TensorOptions().dtype(dtype).device(device)));
     } catch (const c10::Error& e) {
       throw ConfigError("--precision " + config.precision + ": " + config.model +
                         " cannot run in " + config.precision + " here (" +
@@ -222,12 +260,14 @@ struct Trainer::Impl {
     const torch::Tensor bytes = torch::from_blob(
         const_cast<uint8_t*>(batch.images.data()),
         {batch.size, info.channels, info.height, info.width}, torch::kUInt8);
-    return bytes.to(torch::kFloat).div_(255.0).sub_(mean).div_(std).to(dtype);
+    // uint8 crosses to the device (a quarter of the bytes of float), then is normalised there.
+    return bytes.to(device).to(torch::kFloat).div_(255.0).sub_(mean).div_(std).to(dtype);
   }
 
-  static torch::Tensor to_labels(const HostBatch& batch) {
+  torch::Tensor to_labels(const HostBatch& batch) const {
     return torch::from_blob(const_cast<int64_t*>(batch.labels.data()), {batch.size},
-                            torch::kLong);
+                            torch::kLong)
+        .to(device);
   }
 
   double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
@@ -417,17 +457,20 @@ struct Trainer::Impl {
     summary.parameters = flat.numel();
     summary.zero_stage = config.zero_stage;
     summary.precision = config.precision;
+    summary.placement = placement.describe();
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     if (is_printer) {
       const MemoryBytes bytes = memory();
-      std::printf("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s): %lld samples, "
+      std::printf("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s) (rank 0: %s): "
+                  "%lld samples, "
                   "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n"
                   "Per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB; "
                   "%zu gradient buckets\n",
                   config.model.c_str(), static_cast<long long>(flat.numel()),
                   config.precision.c_str(), config.zero_stage, comm.size(),
-                  static_cast<long long>(info.train_size), static_cast<long long>(steps_per_epoch),
+                  placement.describe().c_str(), static_cast<long long>(info.train_size),
+                  static_cast<long long>(steps_per_epoch),
                   static_cast<long long>(summary.global_batch), config.micro_batch,
                   config.grad_accum, comm.size(), bytes.parameters / 1e6, bytes.gradients / 1e6,
                   bytes.optimizer_state / 1e6, reducer->num_buckets());
@@ -526,8 +569,8 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
-                 TrainerOutput output)
-    : impl_(std::make_unique<Impl>(config, dataset, comm, std::move(output))) {}
+                 TrainerOutput output, Placement placement)
+    : impl_(std::make_unique<Impl>(config, dataset, comm, std::move(output), placement)) {}
 
 Trainer::~Trainer() = default;
 
@@ -543,7 +586,7 @@ TrainSummary Trainer::run() {
 EvalResult Trainer::evaluate() { return impl_->evaluate(); }
 
 at::Tensor Trainer::flat_parameters() const {
-  return impl_->flat.to_logical(impl_->flat.values()).to(at::kFloat);
+  return impl_->flat.to_logical(impl_->flat.values()).to(at::kFloat).cpu();
 }
 
 MemoryBytes Trainer::memory() const { return impl_->memory(); }

@@ -59,6 +59,8 @@ struct TrainConfig {
   bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
 
   // [runtime]
+  std::string device = "auto";    // --device auto|cuda|cpu
+  std::string backend = "auto";   // --backend auto|nccl|mpi
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
 
   // [output]

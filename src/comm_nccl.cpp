@@ -1,0 +1,198 @@
+// The NCCL backend of the Communicator (comm.h): GPU tensors, one NCCL communicator per
+// Communicator, bootstrapped over MPI, and a communication stream of its own. Built only when
+// LibTorch has CUDA; the only file that includes <nccl.h>.
+//
+// Note [Stream ordering]
+// An operation records an event on the caller's current stream (where the tensor was produced)
+// and makes the communication stream wait for it; the collective runs on the communication
+// stream and records a "done" event. Work::wait makes the caller's stream wait for "done". Both
+// waits happen on the GPU: the host never blocks inside a step, and computation queued after an
+// operation but independent of it overlaps with it.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <exception>
+#include <vector>
+
+#include "hpc_train/comm.h"
+#include "hpc_train/error.h"
+
+#define NCCL_CHECK(expr)                                                                    \
+  do {                                                                                      \
+    ncclResult_t nccl_check_rc_ = (expr);                                                   \
+    if (nccl_check_rc_ != ncclSuccess)                                                      \
+      throw ::hpc_train::Error(::hpc_train::describe_failed_call(                           \
+          __FILE__, __LINE__, #expr, ncclGetErrorString(nccl_check_rc_)));                  \
+  } while (0)
+
+#define CUDA_CHECK(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t cuda_check_rc_ = (expr);                                                    \
+    if (cuda_check_rc_ != cudaSuccess)                                                      \
+      throw ::hpc_train::Error(::hpc_train::describe_failed_call(                           \
+          __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_rc_)));                  \
+  } while (0)
+
+namespace hpc_train {
+
+namespace {
+
+ncclDataType_t nccl_type(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    default:
+      throw Error(std::string("NCCL backend: no NCCL type for tensors of ") +
+                  c10::toString(tensor.scalar_type()));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kMax ? ncclMax : ncclMin;
+}
+
+void check_gpu_contiguous(const at::Tensor& tensor, const char* operation) {
+  if (!tensor.defined() || !tensor.is_cuda() || !tensor.is_contiguous())
+    throw Error(std::string("NCCL backend: ") + operation +
+                " needs a defined, contiguous GPU tensor");
+}
+
+// A CUDA event, owned (RAII, non-copyable).
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (event_) cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Note [Stream ordering]. Holds the tensors until the caller's stream is ordered after the
+// collective, so that the caching allocator cannot hand their memory to other work before.
+class NcclWork : public Work::Impl {
+ public:
+  NcclWork(std::unique_ptr<Event> done, std::vector<at::Tensor> tensors)
+      : done_(std::move(done)), tensors_(std::move(tensors)) {}
+  void wait() override {
+    const at::Tensor& t = tensors_.front();
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+    CUDA_CHECK(cudaStreamWaitEvent(caller, done_->get(), 0));
+  }
+  bool test() override {
+    const cudaError_t status = cudaEventQuery(done_->get());
+    if (status == cudaErrorNotReady) return false;
+    CUDA_CHECK(status);
+    return true;
+  }
+
+ private:
+  std::unique_ptr<Event> done_;
+  std::vector<at::Tensor> tensors_;
+};
+
+class NcclBackend : public CommBackend {
+ public:
+  NcclBackend(MPI_Comm comm, int cuda_device)
+      : device_(static_cast<c10::DeviceIndex>(cuda_device)),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    c10::cuda::CUDAGuard guard(device_);
+    // MPI bootstraps NCCL: rank 0 makes the unique id, every rank receives it.
+    ncclUniqueId id;
+    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+    NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
+    rank_ = rank;
+    size_ = size;
+  }
+
+  ~NcclBackend() override {
+    if (!comm_) return;
+    // Unwinding towards MPI_Abort: the other ranks may be stuck in a collective, and
+    // ncclCommDestroy would wait for them; abort instead (Note [Ending the job]).
+    if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
+    else ncclCommDestroy(comm_);
+  }
+
+  Work all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    check_gpu_contiguous(tensor, "all_reduce");
+    return launch({tensor}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                               nccl_type(tensor), nccl_op(op), comm_, s));
+    });
+  }
+
+  Work broadcast(at::Tensor& tensor, int root) override {
+    check_gpu_contiguous(tensor, "broadcast");
+    return launch({tensor}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                               nccl_type(tensor), root, comm_, s));
+    });
+  }
+
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
+    check_gpu_contiguous(input, "reduce_scatter");
+    check_gpu_contiguous(output, "reduce_scatter");
+    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
+      throw Error("NCCL backend: reduce_scatter needs input of size() x output elements, one dtype");
+    return launch({input, output}, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                                   nccl_type(input), nccl_op(op), comm_, s));
+    });
+  }
+
+  Work all_gather_in_place(at::Tensor& buffer) override {
+    check_gpu_contiguous(buffer, "all_gather");
+    if (buffer.numel() % size_ != 0)
+      throw Error("NCCL backend: all_gather needs a buffer of size() equal slices");
+    const int64_t slice = buffer.numel() / size_;
+    return launch({buffer}, [&](cudaStream_t s) {
+      // In place: NCCL reads this rank's slice from where the result puts it.
+      char* base = static_cast<char*>(buffer.data_ptr());
+      NCCL_CHECK(ncclAllGather(base + rank_ * slice * buffer.element_size(), base, slice,
+                               nccl_type(buffer), comm_, s));
+    });
+  }
+
+ private:
+  template <typename Collective>
+  Work launch(std::vector<at::Tensor> tensors, Collective&& collective) {
+    c10::cuda::CUDAGuard guard(device_);
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_).stream();
+    Event ready;
+    CUDA_CHECK(cudaEventRecord(ready.get(), caller));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready.get(), 0));
+    collective(stream_.stream());
+    auto done = std::make_unique<Event>();
+    CUDA_CHECK(cudaEventRecord(done->get(), stream_.stream()));
+    return Work(std::make_unique<NcclWork>(std::move(done), std::move(tensors)));
+  }
+
+  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream stream_;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<CommBackend> make_nccl_backend(MPI_Comm comm, int cuda_device) {
+  return std::make_unique<NcclBackend>(comm, cuda_device);
+}
+
+}  // namespace hpc_train

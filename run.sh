@@ -3,7 +3,7 @@
 #   ./run.sh train [hpc_train options]   install what is missing, build, prepare Fashion-MNIST,
 #                                        train the default configuration with mpirun
 #   ./run.sh test                        the same set-up, then every test (what .ci/run runs)
-# Environment: HPC_TRAIN_RANKS (ranks for `train`; default 3 on a CPU-only machine),
+# Environment: HPC_TRAIN_RANKS (ranks for `train`; default one per GPU, or 3 without GPUs),
 # HPC_TRAIN_BUILD_DIR (default build), HPC_TRAIN_SKIP_APT=1 (never call apt-get).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,7 +14,7 @@ build_dir=${HPC_TRAIN_BUILD_DIR:-build}
 # Debian 12 / Ubuntu 24.04 package names of everything the build, the data and the tests need.
 packages=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libopenmpi-dev
           openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev nlohmann-json3-dev
-          zlib1g-dev libgtest-dev dataset-fashion-mnist python3)
+          zlib1g-dev libgtest-dev dataset-fashion-mnist python3 slurm-wlm munge lmod)
 
 install_missing_packages() {
   local missing=()
@@ -33,9 +33,29 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# A LibTorch with CUDA, where Python's torch has one (e.g. PyTorch's wheel on a GPU machine);
+# else CMake finds Debian's CPU libtorch-dev. Torch_DIR / CMAKE_PREFIX_PATH set by the caller win.
+torch_prefix() {
+  [ -n "${Torch_DIR:-}" ] && return 0
+  python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1); ' 2>/dev/null \
+    && python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null
+}
+
 build() {
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  local prefix
+  prefix=$(torch_prefix || true)
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    ${prefix:+-DCMAKE_PREFIX_PATH="$prefix${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"}
   cmake --build "$build_dir" -j "$(nproc)"
+}
+
+# One rank per GPU in a GPU build on a machine with GPUs, else 3 ranks sharing the CPU cores.
+default_ranks() {
+  local gpus=0
+  if grep -q '^HPC_TRAIN_GPU_BUILD:INTERNAL=ON' "$build_dir/CMakeCache.txt" 2>/dev/null; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  fi
+  if [ "$gpus" -gt 0 ]; then echo "$gpus"; else echo 3; fi
 }
 
 prepare_dataset() {
@@ -54,7 +74,7 @@ case "$mode" in
     install_missing_packages
     build
     prepare_dataset
-    ranks=${HPC_TRAIN_RANKS:-3}
+    ranks=${HPC_TRAIN_RANKS:-$(default_ranks)}
     exec mpirun -np "$ranks" --oversubscribe "$build_dir/hpc_train" "$@"
     ;;
   test)

@@ -1,0 +1,107 @@
+"""The PyTorch reference that bench/gpu_bench.sh times hpc_train against: eager PyTorch, the
+same network (bench/reference/models.py), batch and optimizer (AdamW lr 1e-3, betas 0.9/0.999,
+eps 1e-8, weight decay 0.01, fused), autocast for fp16 (with GradScaler) and bf16, and the
+whole training split already on the GPU as uint8 (indexing a random batch there each step), so
+that only the training step is timed.
+
+    python3 train_reference.py --dataset fm.h5 --model simple_cnn --batch 64 --precision bf16
+Prints one JSON line: ms_per_step, samples_per_s (CUDA-event timing over --steps after --warmup).
+With --epochs N it trains N epochs (shuffled, every sample once) instead and reports wall time
+and test accuracy, as hpc_train's whole job does.
+"""
+import argparse
+import json
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models import build
+
+
+def load(path, split):
+    with h5py.File(path, "r") as f:
+        images = torch.from_numpy(f[f"/{split}/images"][...])
+        labels = torch.from_numpy(f[f"/{split}/labels"][...].astype(np.int64))
+        attrs = {k: f.attrs[k] for k in ("num_classes", "mean", "std")}
+    return images, labels, attrs
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--model", default="simple_cnn")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+
+    images, labels, attrs = load(args.dataset, "train")
+    images, labels = images.to(device), labels.to(device)
+    n, channels, height, width = images.shape
+    mean = torch.tensor(np.asarray(attrs["mean"]), device=device).view(1, -1, 1, 1)
+    std = torch.tensor(np.asarray(attrs["std"]), device=device).view(1, -1, 1, 1)
+    model = build(args.model, channels, height, width, int(attrs["num_classes"])).to(device)
+    model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=0.01, fused=True)
+    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
+    scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
+
+    def step(index):
+        x = ((images[index].float() / 255.0 - mean) / std).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), labels[index])
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    model.train()
+    if args.epochs > 0:
+        test_images, test_labels, _ = load(args.dataset, "test")
+        start = time.perf_counter()
+        for _ in range(args.epochs):
+            order = torch.randperm(n, device=device)
+            for begin in range(0, n, args.batch):
+                step(order[begin:begin + args.batch])
+        torch.cuda.synchronize()
+        wall_s = time.perf_counter() - start
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for begin in range(0, len(test_labels), 1024):
+                x = (test_images[begin:begin + 1024].to(device).float() / 255.0 - mean) / std
+                correct += (model(x).argmax(1).cpu() == test_labels[begin:begin + 1024]).sum().item()
+        print(json.dumps({"framework": "pytorch", "model": args.model, "epochs": args.epochs,
+                          "wall_s": wall_s, "test_accuracy": correct / len(test_labels)}))
+        return
+
+    batches = [torch.randint(0, n, (args.batch,), device=device)
+               for _ in range(args.warmup + args.steps)]
+    for i in range(args.warmup):
+        step(batches[i])
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for i in range(args.steps):
+        step(batches[args.warmup + i])
+    end.record()
+    torch.cuda.synchronize()
+    ms = begin.elapsed_time(end) / args.steps
+    print(json.dumps({"framework": "pytorch", "model": args.model, "batch": args.batch,
+                      "precision": args.precision, "ms_per_step": ms,
+                      "samples_per_s": args.batch * 1e3 / ms}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+# The cluster environment, with the real software: a one-node Slurm cluster (munged, slurmctld,
+# slurmd from Debian's slurm-wlm and munge) that the CTest fixture `slurm` starts before the
+# tests that need it and stops after them, and the modulefiles under Debian's Lmod. Where Slurm
+# or Lmod is not installed these tests are skipped (exit 77); run.sh installs both.
+#
+# A test that needs the cluster: FIXTURES_REQUIRED slurm, and ${HPC_TRAIN_SLURM_TEST_ENV} in its
+# ENVIRONMENT; it then does `source "$HPC_TRAIN_SLURM_DIR/env.sh"` (SLURM_CONF) before sbatch.
+set(HPC_TRAIN_SLURM_DIR ${CMAKE_CURRENT_BINARY_DIR}/slurm)
+set(HPC_TRAIN_SLURM_TEST_ENV HPC_TRAIN_SLURM_DIR=${HPC_TRAIN_SLURM_DIR})
+
+add_test(NAME slurm_start COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm/slurm_cluster.sh start)
+add_test(NAME slurm_stop COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm/slurm_cluster.sh stop)
+set_tests_properties(slurm_start PROPERTIES FIXTURES_SETUP slurm TIMEOUT 90
+  SKIP_RETURN_CODE 77 LABELS slurm ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
+set_tests_properties(slurm_stop PROPERTIES FIXTURES_CLEANUP slurm TIMEOUT 90
+  LABELS slurm ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
+
+# jobscripts/train_cpu.sbatch, unchanged, through sbatch --wait: 3 ranks, 600 samples, 1 epoch.
+hpc_train_add_script_test(NAME test_slurm_cpu_job SCRIPT slurm/test_slurm_cpu_job.sh
+  TIMEOUT 300 LABELS slurm)
+set_property(TEST test_slurm_cpu_job APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
+set_tests_properties(test_slurm_cpu_job PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
+
+# jobscripts/train_lr_sweep.sbatch, unchanged, as a job array of 2 tasks (--array=0-1), 2 steps each.
+hpc_train_add_script_test(NAME test_slurm_lr_sweep SCRIPT slurm/test_slurm_lr_sweep.sh
+  TIMEOUT 300 LABELS slurm)
+set_property(TEST test_slurm_lr_sweep APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
+set_tests_properties(test_slurm_lr_sweep PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
+
+# jobscripts/train_requeue.sbatch, unchanged, with a stand-in for hpc_train that follows its
+# preemption protocol (checkpoint, exit 75, --resume auto): USR1 -> requeue -> resume -> done.
+hpc_train_add_script_test(NAME test_slurm_requeue SCRIPT slurm/test_slurm_requeue.sh
+  TIMEOUT 240 LABELS slurm)
+set_property(TEST test_slurm_requeue APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
+set_tests_properties(test_slurm_requeue PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
+
+# modules/: Lmod's syntax checks; module load/unload of the Lua and Tcl modulefiles and of the
+# copy that `cmake --install` writes (into a prefix under the test's work directory).
+hpc_train_add_script_test(NAME test_lmod_module SCRIPT slurm/test_lmod_module.sh
+  TIMEOUT 120 LABELS modules)
+set_property(TEST test_lmod_module APPEND PROPERTY ENVIRONMENT
+  "HPC_TRAIN_BUILD_DIR=${PROJECT_BINARY_DIR};HPC_TRAIN_CMAKE=${CMAKE_COMMAND}")
+set_tests_properties(test_lmod_module PROPERTIES SKIP_RETURN_CODE 77)

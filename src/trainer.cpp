@@ -180,8 +180,6 @@ struct Trainer::Impl {
       throw ConfigError("the train split of " + dataset.path() + " has " +
                         std::to_string(info.train_size) + " samples, fewer than the " +
                         std::to_string(comm.size()) + " ranks; use fewer ranks or more data");
-    // cuDNN autotuning: the shapes of a training run repeat, so the first step's search pays off.
-    if (placement.cuda) at::globalContext().setBenchmarkCuDNN(true);
     torch::manual_seed(config.seed);
     model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
     model->to(device, dtype);

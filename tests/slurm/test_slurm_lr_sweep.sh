@@ -4,29 +4,9 @@
 # 2 steps each. Each task must train with its own learning rate into its own run directory.
 set -euo pipefail
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-work=${HPC_TRAIN_TEST_WORK:?}
-if ! command -v sbatch > /dev/null; then
-  echo "Slurm is not installed (apt-get install slurm-wlm munge): skipped"
-  exit 77
-fi
-slurm_dir=${HPC_TRAIN_SLURM_DIR:?set HPC_TRAIN_SLURM_DIR to the test cluster directory}
-[ -f "$slurm_dir/env.sh" ] || fail "no test cluster in $slurm_dir (the slurm_start test sets it up)"
-# shellcheck source=/dev/null
-source "$slurm_dir/env.sh"
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-
-source_dir=${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-[ -f "$source_dir/train-images-idx3-ubyte.gz" ] || {
-  echo "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist"; exit 1; }
-"$HPC_TRAIN_DATA" convert fashion-mnist "$source_dir" slice.h5 --max-train 300 --max-test 100
-
-unset OMPI_MCA_rmaps_base_oversubscribe
-while read -r name; do [ "$name" = SLURM_CONF ] || unset "$name"; done < <(compgen -e SLURM_)
+# shellcheck source=tests/slurm/job_test_setup.sh
+source "$(dirname "$0")/job_test_setup.sh"
+slice_dataset 300 100
 export HPC_TRAIN HPC_TRAIN_DATASET=$work/slice.h5 HPC_TRAIN_RUN_ROOT=$work/runs
 export HPC_TRAIN_ARGS="--epochs 1 --max-steps 2 --micro-batch 16 --log-every 1"
 export HPC_TRAIN_LRS="0.0005 0.002"

@@ -9,24 +9,8 @@
 # (Slurm's default is ~2 minutes).
 set -euo pipefail
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-work=${HPC_TRAIN_TEST_WORK:?}
-if ! command -v sbatch > /dev/null; then
-  echo "Slurm is not installed (apt-get install slurm-wlm munge): skipped"
-  exit 77
-fi
-slurm_dir=${HPC_TRAIN_SLURM_DIR:?set HPC_TRAIN_SLURM_DIR to the test cluster directory}
-[ -f "$slurm_dir/env.sh" ] || fail "no test cluster in $slurm_dir (the slurm_start test sets it up)"
-# shellcheck source=/dev/null
-source "$slurm_dir/env.sh"
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-
-unset OMPI_MCA_rmaps_base_oversubscribe
-while read -r name; do [ "$name" = SLURM_CONF ] || unset "$name"; done < <(compgen -e SLURM_)
+# shellcheck source=tests/slurm/job_test_setup.sh
+source "$(dirname "$0")/job_test_setup.sh"
 export HPC_TRAIN=$HPC_TRAIN_SOURCE_DIR/tests/slurm/preemptible_standin.sh
 export HPC_TRAIN_DATASET=$work/unused.h5 HPC_TRAIN_RUN_ROOT=$work/runs HPC_TRAIN_ARGS=""
 if [ "$(id -u)" -eq 0 ]; then

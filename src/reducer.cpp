@@ -5,19 +5,13 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <chrono>
 
 #include "hpc_train/error.h"
+#include "hpc_train/metrics.h"
 
 namespace hpc_train {
 
 namespace {
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int dtype_id(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
 
@@ -85,7 +79,7 @@ void Reducer::reset_buckets() {
                          : at::Tensor();
 }
 
-double Reducer::now_ms() const { return steady_ms() - start_ms_; }
+double Reducer::now_ms() const { return backward_clock_.elapsed_ms(); }
 
 void Reducer::begin_backward(bool sync) {
   if (!in_flight_.empty()) throw Error("reducer: a backward began while collectives are in flight");
@@ -101,7 +95,7 @@ void Reducer::begin_backward(bool sync) {
   next_bucket_ = 0;
   events_.clear();
   bytes_last_backward_ = 0;
-  start_ms_ = steady_ms();
+  backward_clock_.restart();
   first_start_ms_ = -1.0;
 }
 
@@ -137,7 +131,7 @@ double Reducer::finish_backward() {
   in_backward_ = false;
   if (!sync_) return 0.0;
   events_.push_back({ReducerEvent::Kind::kBackwardEnded, -1, now_ms()});
-  const double wait_start = steady_ms();
+  const Stopwatch wait;
   // Buckets whose parameters got no gradient this step (unused) start now, in order.
   for (size_t b = next_bucket_; b < pending_.size(); ++b) pending_[b] = 0;
   start_ready_buckets();
@@ -146,7 +140,7 @@ double Reducer::finish_backward() {
   const double done = now_ms();
   events_.push_back({ReducerEvent::Kind::kAllDone, -1, done});
   comm_span_ms_ = first_start_ms_ >= 0 ? done - first_start_ms_ : 0.0;
-  return steady_ms() - wait_start;
+  return wait.elapsed_ms();
 }
 
 BucketLayout Reducer::rebuilt_layout() {

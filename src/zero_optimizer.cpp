@@ -2,21 +2,15 @@
 
 #include <ATen/ATen.h>
 
-#include <chrono>
 #include <cmath>
 #include <vector>
 
 #include "hpc_train/error.h"
+#include "hpc_train/metrics.h"
 
 namespace hpc_train {
 
 namespace {
-
-double steady_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
@@ -94,14 +88,14 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
                 partition_slice(exp_avg_sq_, b), steps_, lr, options_.adam);
     if (master_.defined()) own_slice(flat_.values(), b).copy_(target);
   }
-  const double gather_start = steady_ms();
+  const Stopwatch gather;
   std::vector<Work> gathers;
   for (size_t b = 0; b < buckets; ++b) {
     at::Tensor bucket = flat_.bucket_view(flat_.values(), b);
     gathers.push_back(comm_.all_gather_in_place(bucket));
   }
   for (Work& work : gathers) work.wait();
-  outcome.gather_ms = steady_ms() - gather_start;
+  outcome.gather_ms = gather.elapsed_ms();
   return outcome;
 }
 

@@ -23,6 +23,7 @@
 #include "hpc_train/buckets.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/flat_parameters.h"
+#include "hpc_train/metrics.h"
 
 namespace hpc_train {
 
@@ -103,7 +104,7 @@ class Reducer {
   std::vector<ReducerEvent> events_;
   int64_t bytes_last_backward_ = 0;
   double comm_span_ms_ = 0.0;
-  double start_ms_ = 0.0;
+  Stopwatch backward_clock_;  // started by begin_backward
   double first_start_ms_ = -1.0;
 };
 

@@ -93,4 +93,16 @@ bool LossScaler::update(bool overflow) {
   return overflow;
 }
 
+LossScalerState LossScaler::state() const {
+  return {scale_, hysteresis_left_, steps_, last_overflow_step_, skipped_steps_};
+}
+
+void LossScaler::restore(const LossScalerState& state) {
+  scale_ = state.scale;
+  hysteresis_left_ = state.hysteresis_left;
+  steps_ = state.steps;
+  last_overflow_step_ = state.last_overflow_step;
+  skipped_steps_ = state.skipped_steps;
+}
+
 }  // namespace hpc_train

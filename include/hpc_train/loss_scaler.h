@@ -22,6 +22,15 @@ struct LossScalerOptions {
   double min_scale = 1.0;
 };
 
+// Everything a scaler has learnt, for checkpoints (and for a copy kept on the GPU).
+struct LossScalerState {
+  double scale = 1.0;
+  int hysteresis_left = 0;
+  int64_t steps = 0;
+  int64_t last_overflow_step = -1;
+  int64_t skipped_steps = 0;
+};
+
 class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& options);
@@ -34,6 +43,11 @@ class LossScaler {
   int64_t steps() const { return steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   int hysteresis_left() const { return hysteresis_left_; }
+  const LossScalerOptions& options() const { return options_; }
+
+  LossScalerState state() const;
+  // Continues from `state` (a checkpoint's): the next update behaves as the saved scaler's would.
+  void restore(const LossScalerState& state);
 
  private:
   LossScalerOptions options_;

@@ -1,8 +1,10 @@
-// hpc_train_data: converts published datasets to the HDF5 layout hpc_train reads, and describes
-// such files. A single-process tool: no MPI start-up, no Runtime.
+// hpc_train_data: converts published datasets to the HDF5 layout hpc_train reads, describes
+// such files, and exports a checkpoint's weights. A single-process tool: no MPI start-up, no
+// Runtime.
 //
 //   hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] [--max-test N]
 //   hpc_train_data inspect FILE.h5
+//   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hpc_train/checkpoint.h"
 #include "hpc_train/converters.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/error.h"
@@ -24,12 +27,15 @@ const char* const kUsage =
     "  hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] "
     "[--max-test N]\n"
     "  hpc_train_data inspect FILE.h5\n"
+    "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
     "\n"
     "convert reads the published files in SRC_DIR (IDX: train-images-idx3-ubyte,\n"
     "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz;\n"
     "CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin) and writes OUT.h5 (layout:\n"
-    "data/README.md). inspect prints a summary of a dataset file.\n";
+    "data/README.md). inspect prints a summary of a dataset file. export writes the model\n"
+    "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
+    "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
 
 int convert(const std::vector<std::string>& args, const ConvertOptions& options) {
   if (args.size() != 3)
@@ -44,6 +50,24 @@ int convert(const std::vector<std::string>& args, const ConvertOptions& options)
   write_dataset_file(args[2], std::move(contents));
   std::printf("wrote %s: %zu train, %zu test samples, %s, %lld classes\n", args[2].c_str(), train,
               test, shape.c_str(), static_cast<long long>(source.num_classes));
+  return kExitOk;
+}
+
+int export_weights(const std::vector<std::string>& args) {
+  if (args.size() != 2)
+    throw ConfigError("export takes CHECKPOINT.h5 OUT.safetensors (got " +
+                      std::to_string(args.size()) + " arguments)");
+  const Checkpoint checkpoint = read_checkpoint(args[0]);
+  write_weights_safetensors(args[1], checkpoint);
+  size_t bytes = 0;
+  for (const CheckpointTensor& tensor : checkpoint.model_state) bytes += tensor.data.size();
+  std::printf("wrote %s: %zu tensors, %zu bytes of weights, %s for %lldx%lldx%lld images and "
+              "%lld classes, step %lld\n",
+              args[1].c_str(), checkpoint.model_state.size(), bytes, checkpoint.model.c_str(),
+              static_cast<long long>(checkpoint.channels),
+              static_cast<long long>(checkpoint.height), static_cast<long long>(checkpoint.width),
+              static_cast<long long>(checkpoint.num_classes),
+              static_cast<long long>(checkpoint.position.global_step));
   return kExitOk;
 }
 
@@ -79,7 +103,7 @@ int run(int argc, char** argv) {
     std::printf("hpc_train_data %s\n", HPC_TRAIN_VERSION);
     return kExitOk;
   }
-  if (!vm.count("command")) throw ConfigError("no command given (convert or inspect)");
+  if (!vm.count("command")) throw ConfigError("no command given (convert, inspect or export)");
   const std::string command = vm["command"].as<std::string>();
   const std::vector<std::string> args =
       vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
@@ -99,7 +123,8 @@ int run(int argc, char** argv) {
     std::fputs(describe_dataset_file(args[0]).c_str(), stdout);
     return kExitOk;
   }
-  throw ConfigError("unknown command '" + command + "' (expected convert or inspect)");
+  if (command == "export") return export_weights(args);
+  throw ConfigError("unknown command '" + command + "' (expected convert, inspect or export)");
 }
 
 }  // namespace

@@ -1,0 +1,593 @@
+// Checkpoint files at 1 and 3 ranks: written by every rank at once (MPI-IO, each rank its share of
+// an optimizer state whose length does not divide by 3) and by rank 0 alone, they read back
+// bitwise; a failed write leaves the previous file; a checkpoint that does not fit the run is
+// refused naming both sides; find_latest_checkpoint and prune_checkpoints pick by step and deal
+// with temporary and broken files; every kind of bad file gives a DataError naming it; the
+// weights export holds the model's tensors and metadata.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <random>
+
+#include "hpc_train/checkpoint.h"
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/error.h"
+#include "hpc_train/runtime.h"
+#include "hpc_train/safetensors.h"
+
+using namespace hpc_train;
+namespace fs = std::filesystem;
+
+namespace {
+
+#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
+constexpr bool kParallelHdf5 = true;
+#else
+constexpr bool kParallelHdf5 = false;
+#endif
+
+constexpr size_t kOptimizerElements = 155530;  // 3 x 51843 + 1: the shares cannot be equal
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+}
+
+std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t count) {
+  std::vector<uint8_t> bytes(count);
+  for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+  return bytes;
+}
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+float float_from_bits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+CheckpointTensor random_f32(std::mt19937_64& rng, const std::string& name,
+                            std::vector<int64_t> shape) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) count *= dimension;
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& value : values) value = normal(rng);
+  return {name, "F32", std::move(shape), as_bytes(values)};
+}
+
+// A checkpoint of realistic size and awkward contents: special floats, an I64 scalar, binary RNG
+// state with zero bytes, a multi-line UTF-8 config. The same on every rank for the same seed.
+Checkpoint realistic_checkpoint(uint64_t seed, size_t optimizer_elements = kOptimizerElements) {
+  std::mt19937_64 rng(seed);
+  Checkpoint c;
+  c.model = "resnet18";
+  c.channels = 3;
+  c.height = 32;
+  c.width = 32;
+  c.num_classes = 10;
+  c.precision = "fp16";
+  c.zero_stage = 2;
+  c.world_size = 3;
+  c.config_ini =
+      "# hpc_train resolved configuration\n[data]\ndataset = data/fashion mnist.h5\n\n[train]\n"
+      "lr = 0.001\nnote = caf\xc3\xa9 \xe2\x9c\x93\n\n";
+  c.position = {12345, 49380, 3, 1234, 17};
+  c.optimizer_steps = 12328;
+  c.has_loss_scaler = true;
+  c.loss_scaler = {32768.0, 1, 12345, 12001, 17};
+  c.rng_state = random_bytes(rng, 5056);
+  for (size_t i : {size_t{0}, size_t{1}, size_t{100}, size_t{2500}, size_t{5055}})
+    c.rng_state[i] = 0;
+  c.model_state.push_back(random_f32(rng, "conv1.weight", {64, 3, 3, 3}));
+  c.model_state.push_back(random_f32(rng, "bn1.weight", {64}));
+  c.model_state.push_back(random_f32(rng, "bn1.bias", {64}));
+  c.model_state.push_back(random_f32(rng, "bn1.running_mean", {64}));
+  c.model_state.push_back(random_f32(rng, "bn1.running_var", {64}));
+  c.model_state.push_back(
+      {"bn1.num_batches_tracked", "I64", {}, as_bytes(std::vector<int64_t>{12345})});
+  c.model_state.push_back(random_f32(rng, "fc.weight", {10, 512}));
+  c.model_state.push_back(random_f32(rng, "fc.bias", {10}));
+  c.model_state.push_back(random_f32(rng, "layer1.0.downsample.0.weight", {0, 64, 1, 1}));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto* values : {&c.master, &c.exp_avg, &c.exp_avg_sq}) {
+    values->resize(optimizer_elements);
+    for (float& value : *values) value = normal(rng);
+  }
+  if (optimizer_elements > 100) {
+    c.master[0] = -0.0f;
+    c.master[1] = std::numeric_limits<float>::infinity();
+    c.master[2] = float_from_bits(0x7fc01234);  // a NaN with a payload
+    c.master[3] = std::numeric_limits<float>::denorm_min();
+    c.master[optimizer_elements - 1] = -std::numeric_limits<float>::max();
+  }
+  return c;
+}
+
+// A small checkpoint of `step` for the tests of directories.
+Checkpoint small_checkpoint(int64_t step) {
+  Checkpoint c = realistic_checkpoint(static_cast<uint64_t>(step), 1000);
+  c.position.global_step = step;
+  return c;
+}
+
+void expect_same_floats(const std::vector<float>& actual, const std::vector<float>& expected,
+                        const char* name) {
+  ASSERT_EQ(actual.size(), expected.size()) << name;
+  EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)))
+      << name << " differs bitwise";
+}
+
+void expect_bitwise_equal(const Checkpoint& actual, const Checkpoint& expected) {
+  EXPECT_EQ(actual.format_version, kCheckpointFormatVersion);
+  EXPECT_EQ(actual.model, expected.model);
+  EXPECT_EQ(actual.channels, expected.channels);
+  EXPECT_EQ(actual.height, expected.height);
+  EXPECT_EQ(actual.width, expected.width);
+  EXPECT_EQ(actual.num_classes, expected.num_classes);
+  EXPECT_EQ(actual.precision, expected.precision);
+  EXPECT_EQ(actual.zero_stage, expected.zero_stage);
+  EXPECT_EQ(actual.world_size, expected.world_size);
+  EXPECT_EQ(actual.config_ini, expected.config_ini);
+  EXPECT_EQ(actual.position.global_step, expected.position.global_step);
+  EXPECT_EQ(actual.position.micro_step, expected.position.micro_step);
+  EXPECT_EQ(actual.position.epoch, expected.position.epoch);
+  EXPECT_EQ(actual.position.micro_steps_in_epoch, expected.position.micro_steps_in_epoch);
+  EXPECT_EQ(actual.position.skipped_steps, expected.position.skipped_steps);
+  EXPECT_EQ(actual.optimizer_steps, expected.optimizer_steps);
+  EXPECT_EQ(actual.has_loss_scaler, expected.has_loss_scaler);
+  EXPECT_EQ(actual.loss_scaler.scale, expected.loss_scaler.scale);
+  EXPECT_EQ(actual.loss_scaler.hysteresis_left, expected.loss_scaler.hysteresis_left);
+  EXPECT_EQ(actual.loss_scaler.steps, expected.loss_scaler.steps);
+  EXPECT_EQ(actual.loss_scaler.last_overflow_step, expected.loss_scaler.last_overflow_step);
+  EXPECT_EQ(actual.loss_scaler.skipped_steps, expected.loss_scaler.skipped_steps);
+  EXPECT_EQ(actual.rng_state, expected.rng_state);
+  ASSERT_EQ(actual.model_state.size(), expected.model_state.size());
+  for (size_t i = 0; i < actual.model_state.size(); ++i) {
+    const CheckpointTensor& a = actual.model_state[i];
+    const CheckpointTensor& e = expected.model_state[i];
+    EXPECT_EQ(a.name, e.name) << "model tensor " << i;
+    EXPECT_EQ(a.dtype, e.dtype) << e.name;
+    EXPECT_EQ(a.shape, e.shape) << e.name;
+    EXPECT_EQ(a.data, e.data) << e.name;
+  }
+  expect_same_floats(actual.master, expected.master, "master");
+  expect_same_floats(actual.exp_avg, expected.exp_avg, "exp_avg");
+  expect_same_floats(actual.exp_avg_sq, expected.exp_avg_sq, "exp_avg_sq");
+}
+
+// Runs `f`, expecting an exception of type E whose message contains every one of `parts`.
+template <typename E, typename F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning " << *parts.begin();
+  } catch (const E& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message lacks '" << part << "': " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+void expect_data_error(const std::string& path, std::initializer_list<std::string> parts) {
+  try {
+    read_checkpoint(path);
+    ADD_FAILURE() << "read_checkpoint(" << path << ") succeeded";
+  } catch (const DataError& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.rfind(path, 0), 0u) << "message does not start with the file: " << message;
+    for (const std::string& part : parts)
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "message lacks '" << part << "': " << message;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a DataError: " << e.what();
+  }
+}
+
+// Opens `path` read-write with plain HDF5 calls and lets `edit` change it, bypassing the writer.
+void edit_file(const std::string& path, const std::function<void(hid_t)>& edit) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0) << path;
+  edit(file);
+  ASSERT_GE(H5Fclose(file), 0);
+}
+
+std::vector<std::string> directory_listing(const std::string& directory) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(directory))
+    names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A directory shared by every rank (rank 0 makes it and removes it), with a subdirectory of each
+// rank's own for the functions that are not collective.
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string dir;
+    if (world_rank() == 0) {
+      std::string pattern = (fs::temp_directory_path() / "hpc_train_checkpoint_XXXXXX").string();
+      if (mkdtemp(pattern.data())) dir = pattern;
+    }
+    shared_ = broadcast_string(MPI_COMM_WORLD, dir, 0);
+    ASSERT_FALSE(shared_.empty());
+    own_ = shared_ + "/rank" + std::to_string(world_rank());
+    MPI_Barrier(MPI_COMM_WORLD);
+    fs::create_directories(own_);
+  }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) fs::remove_all(shared_);
+  }
+
+  std::string shared(const std::string& name) const { return shared_ + "/" + name; }
+  std::string own(const std::string& name) const { return own_ + "/" + name; }
+
+  std::string shared_;
+  std::string own_;
+};
+
+class CheckpointRoundTrip : public CheckpointTest,
+                            public ::testing::WithParamInterface<CheckpointWriteMode> {};
+
+TEST_P(CheckpointRoundTrip, EveryRankReadsBackBitwiseWhatAllWrote) {
+  if (GetParam() == CheckpointWriteMode::kCollective && !kParallelHdf5)
+    GTEST_SKIP() << "this HDF5 library is serial";
+  const Checkpoint written = realistic_checkpoint(42);
+  const std::string path = shared("checkpoints/step-00012345.h5");  // the directory is made
+  write_checkpoint(MPI_COMM_WORLD, path, written, GetParam());
+  // write_checkpoint returned on this rank: the file is complete under its name for every rank.
+  expect_bitwise_equal(read_checkpoint(path), written);
+  EXPECT_EQ(directory_listing(shared("checkpoints")), std::vector<std::string>{"step-00012345.h5"});
+
+  // Empty strings, RNG state, optimizer state and model; no loss scaler. (Rank 0 alone may
+  // replace the file while the others still read it: let them finish.)
+  MPI_Barrier(MPI_COMM_WORLD);
+  Checkpoint empty;
+  write_checkpoint(MPI_COMM_WORLD, path, empty, GetParam());
+  expect_bitwise_equal(read_checkpoint(path), empty);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CheckpointRoundTrip,
+                         ::testing::Values(CheckpointWriteMode::kAuto,
+                                           CheckpointWriteMode::kCollective,
+                                           CheckpointWriteMode::kRankZero),
+                         [](const ::testing::TestParamInfo<CheckpointWriteMode>& info) {
+                           switch (info.param) {
+                             case CheckpointWriteMode::kAuto:
+                               return std::string("auto");
+                             case CheckpointWriteMode::kCollective:
+                               return std::string("collective");
+                             default:
+                               return std::string("rank_zero");
+                           }
+                         });
+
+TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousFileAndNoTemporary) {
+  const std::string path = shared("step-00000002.h5");
+  const Checkpoint first = realistic_checkpoint(1);
+  write_checkpoint(MPI_COMM_WORLD, path, first);
+  expect_bitwise_equal(read_checkpoint(path), first);
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank has read it before it is replaced
+  const Checkpoint second = realistic_checkpoint(2);
+  write_checkpoint(MPI_COMM_WORLD, path, second);  // replaces the file
+  expect_bitwise_equal(read_checkpoint(path), second);
+
+  Checkpoint bad = realistic_checkpoint(3);
+  bad.model_state[1].dtype = "F16";
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
+                      {path, "bn1.weight", "\"F16\""});
+  bad = realistic_checkpoint(3);
+  bad.model_state[0].data.pop_back();
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
+                      {path, "conv1.weight", "6911 bytes", "needs 6912"});
+  bad = realistic_checkpoint(3);
+  bad.model_state[2].name = "bn1/bias";
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); }, {path, "bn1/bias"});
+  bad = realistic_checkpoint(3);
+  bad.format_version = 2;
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
+                      {path, "format_version 2"});
+  bad = realistic_checkpoint(3);
+  bad.exp_avg.pop_back();
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
+                      {path, "master 155530, exp_avg 155529"});
+
+  // A directory that cannot be made: every rank throws the same error, nobody hangs.
+  if (world_rank() == 0) write_bytes(shared("plain_file"), {1, 2, 3});
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string impossible = shared("plain_file/step-00000003.h5");
+  for (CheckpointWriteMode mode : {CheckpointWriteMode::kAuto, CheckpointWriteMode::kRankZero})
+    expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, impossible, second, mode); },
+                        {impossible, "plain_file"});
+
+  expect_bitwise_equal(read_checkpoint(path), second);
+  for (const std::string& name : directory_listing(shared_))
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << "a temporary file is left: " << name;
+}
+
+TEST_F(CheckpointTest, CheckFitsNamesWhatTheCheckpointHoldsAndWhatTheRunHas) {
+  const Checkpoint c = realistic_checkpoint(5);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const CheckpointTensor& tensor : c.model_state)
+    expected.emplace_back(tensor.name, tensor.shape);
+  const std::string path = "runs/x/checkpoints/step-00012345.h5";
+  const int64_t numel = static_cast<int64_t>(kOptimizerElements);
+
+  check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 10, expected, numel);  // fits
+
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "simple_cnn", 3, 32, 32, 10, expected, numel); },
+      {path, "resnet18", "simple_cnn"});
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 1, 28, 28, 10, expected, numel); },
+      {path, "3x32x32", "1x28x28"});
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 100, expected, numel); },
+      {path, "10 classes", "100 classes"});
+
+  auto renamed = expected;
+  renamed[3].first = "bn1.running_average";
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 10, renamed, numel); },
+      {path, "bn1.running_mean", "bn1.running_average"});
+  auto reshaped = expected;
+  reshaped[6].second = {10, 256};
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 10, reshaped, numel); },
+      {path, "fc.weight [10, 512]", "fc.weight [10, 256]"});
+  auto longer = expected;
+  longer.emplace_back("fc2.weight", std::vector<int64_t>{10, 10});
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 10, longer, numel); },
+      {path, "9 model tensors", "this run 10", "fc2.weight"});
+  expect_error<DataError>(
+      [&] { check_checkpoint_fits(c, path, "resnet18", 3, 32, 32, 10, expected, numel + 3); },
+      {path, "155530", "155533"});
+}
+
+TEST_F(CheckpointTest, PathsSortByStep) {
+  EXPECT_EQ(checkpoint_directory("runs/a"), "runs/a/checkpoints");
+  EXPECT_EQ(checkpoint_path("runs/a", 1234), "runs/a/checkpoints/step-00001234.h5");
+  EXPECT_EQ(checkpoint_path("runs/a", 0), "runs/a/checkpoints/step-00000000.h5");
+  EXPECT_EQ(checkpoint_path("runs/a", 123456789), "runs/a/checkpoints/step-123456789.h5");
+  expect_error<Error>([] { checkpoint_path("runs/a", -1); }, {"-1"});
+}
+
+TEST_F(CheckpointTest, FindLatestPicksTheNewestThatReadsBack) {
+  const std::string run = own("run");
+  EXPECT_EQ(find_latest_checkpoint(run), std::nullopt);  // no directory yet
+  for (int64_t step : {3, 12, 7})
+    write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, step), small_checkpoint(step));
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 12));
+
+  // Ignored: a temporary (even a complete one), other names.
+  const std::string directory = checkpoint_directory(run);
+  fs::copy_file(checkpoint_path(run, 12), checkpoint_path(run, 99) + ".tmp");
+  write_bytes(directory + "/notes.txt", {'h', 'i'});
+  fs::copy_file(checkpoint_path(run, 12), directory + "/step-abc.h5");
+  fs::copy_file(checkpoint_path(run, 12), directory + "/step-00000098.h5.bak");
+  std::vector<std::string> warnings;
+  EXPECT_EQ(find_latest_checkpoint(run, &warnings), checkpoint_path(run, 12));
+  EXPECT_TRUE(warnings.empty());
+
+  // Skipped with a warning: newer files that do not read back.
+  const std::vector<uint8_t> bytes = read_bytes(checkpoint_path(run, 12));
+  write_bytes(checkpoint_path(run, 50), {bytes.begin(), bytes.begin() + bytes.size() / 2});
+  write_bytes(checkpoint_path(run, 40), {});
+  EXPECT_EQ(find_latest_checkpoint(run, &warnings), checkpoint_path(run, 12));
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find(checkpoint_path(run, 50)), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find(checkpoint_path(run, 40)), std::string::npos) << warnings[1];
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 12));  // no warnings wanted
+
+  // Ordered by number, not by name: 9 digits after 8.
+  write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, 123456789), small_checkpoint(123456789));
+  write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, 99999999), small_checkpoint(99999999));
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 123456789));
+}
+
+TEST_F(CheckpointTest, PruneKeepsTheNewestAndRemovesTemporaries) {
+  const std::string run = own("run");
+  prune_checkpoints(run, 2);  // no directory: nothing to do
+  for (int64_t step = 1; step <= 5; ++step)
+    write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, step), small_checkpoint(step));
+  const std::string directory = checkpoint_directory(run);
+  write_bytes(checkpoint_path(run, 6) + ".tmp", {1, 2, 3});
+  write_bytes(directory + "/notes.txt", {'h', 'i'});
+
+  prune_checkpoints(run, 0);  // keeps every checkpoint, removes the temporary
+  EXPECT_EQ(directory_listing(directory),
+            (std::vector<std::string>{"notes.txt", "step-00000001.h5", "step-00000002.h5",
+                                      "step-00000003.h5", "step-00000004.h5", "step-00000005.h5"}));
+  write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, 10), small_checkpoint(10));
+  prune_checkpoints(run, 2);
+  EXPECT_EQ(directory_listing(directory),
+            (std::vector<std::string>{"notes.txt", "step-00000005.h5", "step-00000010.h5"}));
+  prune_checkpoints(run, 2);
+  EXPECT_EQ(directory_listing(directory).size(), 3u);
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 10));
+}
+
+TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
+  const std::string valid = own("valid.h5");
+  write_checkpoint(MPI_COMM_SELF, valid, realistic_checkpoint(7));
+  ASSERT_NO_THROW(read_checkpoint(valid));
+  const std::vector<uint8_t> bytes = read_bytes(valid);
+  auto copy = [&](const std::string& name) {
+    const std::string path = own(name);
+    write_bytes(path, bytes);
+    return path;
+  };
+
+  expect_data_error(own("missing.h5"), {"no such file"});
+  expect_data_error(own_, {"is a directory"});
+
+  std::mt19937_64 rng(3);
+  const std::string garbage = own("garbage.h5");
+  write_bytes(garbage, random_bytes(rng, 4096));
+  expect_data_error(garbage, {"not an HDF5 file"});
+
+  for (size_t kept : {size_t{0}, size_t{100}, size_t{2048}, bytes.size() / 3, bytes.size() / 2,
+                      bytes.size() - 1}) {
+    const std::string truncated = own("truncated-" + std::to_string(kept) + ".h5");
+    write_bytes(truncated, {bytes.begin(), bytes.begin() + kept});
+    expect_data_error(truncated, {});
+  }
+
+  // HDF5 files that are not checkpoints: one made with plain HDF5 calls, and a dataset file.
+  const std::string plain = own("plain.h5");
+  {
+    const hid_t file = H5Fcreate(plain.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t n = 4;
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t dataset =
+        H5Dcreate2(file, "values", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dclose(dataset);
+    H5Sclose(space);
+    ASSERT_GE(H5Fclose(file), 0);
+  }
+  expect_data_error(plain, {"not an hpc_train checkpoint"});
+  const std::string dataset_file = own("dataset.h5");
+  DatasetContents contents;
+  contents.info.num_classes = 2;
+  contents.info.class_names = {"a", "b"};
+  contents.info.channels = 1;
+  contents.info.height = 2;
+  contents.info.width = 2;
+  contents.train_images.assign(8, 7);
+  contents.train_labels = {0, 1};
+  write_dataset_file(dataset_file, contents);
+  expect_data_error(dataset_file, {"not an hpc_train checkpoint"});
+
+  const std::string other_format = copy("other-format.h5");
+  edit_file(other_format, [](hid_t file) {
+    ASSERT_GE(H5Adelete(file, "format"), 0);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, 9);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attribute = H5Acreate2(file, "format", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attribute, type, "something"), 0);
+    H5Aclose(attribute);
+    H5Sclose(space);
+    H5Tclose(type);
+  });
+  expect_data_error(other_format, {"not an hpc_train checkpoint", "\"something\""});
+
+  const std::string version = copy("version-2.h5");
+  edit_file(version, [](hid_t file) {
+    const hid_t attribute = H5Aopen(file, "format_version", H5P_DEFAULT);
+    const int64_t two = 2;
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &two), 0);
+    H5Aclose(attribute);
+  });
+  expect_data_error(version, {"format_version 2", "(1)"});
+
+  const std::string no_epoch = copy("no-epoch.h5");
+  edit_file(no_epoch, [](hid_t file) {
+    ASSERT_GE(H5Adelete_by_name(file, "training", "epoch", H5P_DEFAULT), 0);
+  });
+  expect_data_error(no_epoch, {"missing attribute 'epoch' on /training"});
+
+  const std::string no_moments = copy("no-exp-avg-sq.h5");
+  edit_file(no_moments, [](hid_t file) {
+    ASSERT_GE(H5Ldelete(file, "/optimizer/exp_avg_sq", H5P_DEFAULT), 0);
+  });
+  expect_data_error(no_moments, {"missing dataset /optimizer/exp_avg_sq"});
+
+  // exp_avg replaced by a shorter array with a valid checksum: only the lengths disagree.
+  const std::string short_moments = copy("short-exp-avg.h5");
+  edit_file(short_moments, [](hid_t file) {
+    ASSERT_GE(H5Ldelete(file, "/optimizer/exp_avg", H5P_DEFAULT), 0);
+    const std::vector<float> values(10, 0.5f);
+    const hsize_t n = values.size();
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t dataset = H5Dcreate2(file, "/optimizer/exp_avg", H5T_IEEE_F32LE, space, H5P_DEFAULT,
+                                     H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0L, reinterpret_cast<const Bytef*>(values.data()), n * sizeof(float)));
+    const hid_t scalar = H5Screate(H5S_SCALAR);
+    const hid_t attribute =
+        H5Acreate2(dataset, "crc32", H5T_STD_U32LE, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_UINT32, &crc), 0);
+    H5Aclose(attribute);
+    H5Sclose(scalar);
+    H5Dclose(dataset);
+    H5Sclose(space);
+  });
+  expect_data_error(short_moments, {"master 155530, exp_avg 10"});
+
+  // One flipped bit in the master weights: the checksum catches it.
+  const std::string flipped = copy("flipped.h5");
+  haddr_t master_offset = HADDR_UNDEF;
+  edit_file(flipped, [&](hid_t file) {
+    const hid_t dataset = H5Dopen2(file, "/optimizer/master", H5P_DEFAULT);
+    master_offset = H5Dget_offset(dataset);
+    H5Dclose(dataset);
+  });
+  ASSERT_NE(master_offset, HADDR_UNDEF);
+  std::vector<uint8_t> corrupt = read_bytes(flipped);
+  corrupt.at(master_offset + 4 * 77777 + 1) ^= 0x10;
+  write_bytes(flipped, corrupt);
+  expect_data_error(flipped, {"/optimizer/master is corrupt", "crc32"});
+}
+
+TEST_F(CheckpointTest, WeightsExportHoldsTheModelAndItsMetadata) {
+  const Checkpoint c = realistic_checkpoint(9);
+  const std::string path = own("weights.safetensors");
+  write_weights_safetensors(path, c);
+  const SafetensorsHeader header = read_safetensors_header(path);
+  ASSERT_EQ(header.tensors.size(), c.model_state.size());
+  for (const CheckpointTensor& tensor : c.model_state) {
+    const SafetensorsTensorInfo* info = header.find(tensor.name);
+    ASSERT_NE(info, nullptr) << tensor.name;
+    EXPECT_EQ(info->dtype, tensor.dtype) << tensor.name;
+    EXPECT_EQ(info->shape, tensor.shape) << tensor.name;
+    EXPECT_EQ(read_safetensors_tensor(path, header, tensor.name), tensor.data) << tensor.name;
+  }
+  EXPECT_EQ(header.find("bn1.num_batches_tracked")->dtype, "I64");
+  EXPECT_TRUE(header.find("bn1.num_batches_tracked")->shape.empty());
+  const std::map<std::string, std::string> metadata = {{"format", "hpc_train weights"},
+                                                       {"model", "resnet18"},
+                                                       {"channels", "3"},
+                                                       {"height", "32"},
+                                                       {"width", "32"},
+                                                       {"num_classes", "10"},
+                                                       {"step", "12345"}};
+  EXPECT_EQ(header.metadata, metadata);
+}
+
+}  // namespace

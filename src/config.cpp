@@ -59,6 +59,7 @@ const SectionSpec kSections[] = {{"data", "Data"},
                                  {"zero", "ZeRO and precision"},
                                  {"comm", "Gradient communication"},
                                  {"runtime", "Runtime"},
+                                 {"checkpoint", "Checkpoints"},
                                  {"output", "Output"}};
 
 // Note [One table of options]
@@ -113,6 +114,16 @@ const OptionSpec kOptions[] = {
      "gradient collectives: auto (nccl on GPUs, else mpi), nccl or mpi"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
+    {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
+     "steps between checkpoints; 0 = at epoch ends only"},
+    {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
+     "write a checkpoint at the end of every epoch"},
+    {"keep-checkpoints", "checkpoint", &TrainConfig::keep_checkpoints,
+     "newest checkpoints kept in the run directory; 0 = all"},
+    {"resume", "checkpoint", &TrainConfig::resume,
+     "auto (the run directory's newest checkpoint, if any) or a checkpoint file"},
+    {"export-weights", "checkpoint", &TrainConfig::export_weights,
+     "write the final weights to this .safetensors file"},
     {"run-dir", "output", &TrainConfig::run_dir, "logs, metrics; empty = runs/<UTC timestamp>"},
     {"log-every", "output", &TrainConfig::log_every, "steps between log lines and metrics"},
     {"progress", "output", &TrainConfig::progress, "auto (a bar on a terminal), bar or lines"},
@@ -614,6 +625,14 @@ void validate(const TrainConfig& c) {
           "must be auto, nccl or mpi");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
+  require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
+          "must be 0 (epoch ends only) or a number of steps");
+  require(c.keep_checkpoints >= 0, "keep-checkpoints", c.keep_checkpoints,
+          "must be 0 (keep all) or more");
+  require(c.export_weights.empty() || (c.export_weights.size() > 12 &&
+                                       c.export_weights.substr(c.export_weights.size() - 12) ==
+                                           ".safetensors"),
+          "export-weights", c.export_weights, "must name a file ending in .safetensors");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");
   require(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "progress",
           c.progress, "must be auto, bar or lines");

@@ -19,12 +19,15 @@
 #include "hpc_train/error.h"
 #include "hpc_train/run_dir.h"
 #include "hpc_train/runtime.h"
+#include "hpc_train/stop_signal.h"
 #include "hpc_train/trainer.h"
 
 using namespace hpc_train;
 
 int main(int argc, char** argv) {
   Runtime runtime(&argc, &argv);
+  // Before anything slow: a preemption signal during start-up must not kill the process.
+  install_stop_signal_handlers();
   return run_or_abort(runtime, [&] {
     CommandLine command_line;
     std::vector<std::string> warnings;
@@ -76,6 +79,16 @@ int main(int argc, char** argv) {
     });
 
     const TrainSummary summary = trainer->run();
+    if (summary.stop_signal != 0) {
+      if (runtime.rank() == 0)
+        std::printf("Stopped by %s after step %lld with checkpoint %s; continue with --run-dir %s "
+                    "--resume auto (exit code %d)\n",
+                    stop_signal_name(summary.stop_signal), static_cast<long long>(summary.steps),
+                    summary.last_checkpoint.c_str(), config.run_dir.c_str(), kExitPreempted);
+      std::fflush(stdout);
+      // Every rank has the checkpoint on disk: they all return the same code.
+      return kExitPreempted;
+    }
 
     if (runtime.rank() == 0) {
       nlohmann::json record = summary.to_json();

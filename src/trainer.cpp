@@ -1,13 +1,18 @@
 #include "hpc_train/trainer.h"
 
 #include <torch/cuda.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <optional>
 
 #include "hpc_train/batch_loader.h"
+#include "hpc_train/checkpoint.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
@@ -17,6 +22,8 @@
 #include "hpc_train/metrics.h"
 #include "hpc_train/models.h"
 #include "hpc_train/reducer.h"
+#include "hpc_train/runtime.h"
+#include "hpc_train/stop_signal.h"
 #include "hpc_train/zero_optimizer.h"
 
 namespace hpc_train {
@@ -136,6 +143,9 @@ nlohmann::json TrainSummary::to_json() const {
           {"parameter_bytes_per_rank", memory.parameters},
           {"gradient_bytes_per_rank", memory.gradients},
           {"optimizer_state_bytes_per_rank", memory.optimizer_state},
+          {"resumed_from", resumed_from},
+          {"last_checkpoint", last_checkpoint},
+          {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
           {"step_breakdown", breakdown.to_json()}};
 }
 
@@ -165,6 +175,8 @@ struct Trainer::Impl {
   torch::Tensor std;
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
+  TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
+  std::string resumed_from; // the checkpoint file, empty for a fresh start
   IntervalTimes run_times;  // every log interval of the run, added up
 
   Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out,
@@ -222,6 +234,160 @@ struct Trainer::Impl {
     is_printer = output.print && comm.rank() == 0;
     if (comm.rank() == 0 && !output.run_dir.empty())
       metrics = JsonlWriter(output.run_dir + "/metrics.jsonl");
+    const std::string checkpoint = checkpoint_to_resume();
+    if (!checkpoint.empty()) resume(checkpoint);
+  }
+
+  // --resume: "" starts fresh, "auto" takes the run directory's newest complete checkpoint (or
+  // starts fresh when there is none), anything else names a file. Rank 0 looks, every rank
+  // gets its answer. Collective.
+  std::string checkpoint_to_resume() {
+    if (config.resume != "auto") return config.resume;
+    std::string found;
+    if (comm.rank() == 0) {
+      std::vector<std::string> warnings;
+      found = find_latest_checkpoint(config.run_dir, &warnings).value_or("");
+      for (const std::string& warning : warnings)
+        std::fprintf(stderr, "warning: %s\n", warning.c_str());
+      if (is_printer && found.empty())
+        std::printf("--resume auto: no checkpoint in %s yet, starting fresh\n",
+                    checkpoint_directory(config.run_dir).c_str());
+    }
+    return broadcast_string(comm.mpi_comm(), found, 0);
+  }
+
+  // The model's state_dict (parameters, then buffers) in fp32, as checkpoints and weight
+  // exports hold it; num_batches_tracked stays int64.
+  std::vector<CheckpointTensor> model_state() const {
+    std::vector<CheckpointTensor> state;
+    auto add = [&](const std::string& name, const torch::Tensor& value) {
+      const bool integral = !at::isFloatingType(value.scalar_type());
+      const torch::Tensor host =
+          value.detach().to(torch::kCPU, integral ? torch::kLong : torch::kFloat).contiguous();
+      CheckpointTensor tensor;
+      tensor.name = name;
+      tensor.dtype = integral ? "I64" : "F32";
+      tensor.shape = host.sizes().vec();
+      const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
+      tensor.data.assign(bytes, bytes + host.numel() * host.element_size());
+      state.push_back(std::move(tensor));
+    };
+    for (const auto& item : model->named_parameters()) add(item.key(), item.value());
+    for (const auto& item : model->named_buffers()) add(item.key(), item.value());
+    return state;
+  }
+
+  static std::vector<float> to_host_floats(const torch::Tensor& t) {
+    const torch::Tensor host = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  }
+
+  // Everything a later run needs to continue from `position`. Collective (the optimizer state
+  // is gathered from its partitions).
+  Checkpoint make_checkpoint(const TrainingPosition& position) {
+    const DatasetInfo& info = dataset.info();
+    FullOptimizerState state = optimizer->gather_full_state();
+    Checkpoint c;
+    c.model = config.model;
+    c.channels = info.channels;
+    c.height = info.height;
+    c.width = info.width;
+    c.num_classes = info.num_classes;
+    c.precision = config.precision;
+    c.zero_stage = config.zero_stage;
+    c.world_size = comm.size();
+    c.config_ini = to_ini(config);
+    c.position = position;
+    c.optimizer_steps = state.steps;
+    if (scaler) {
+      c.has_loss_scaler = true;
+      c.loss_scaler = scaler->state();
+    }
+    const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+    c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+    c.model_state = model_state();
+    c.master = to_host_floats(state.master);
+    c.exp_avg = to_host_floats(state.exp_avg);
+    c.exp_avg_sq = to_host_floats(state.exp_avg_sq);
+    return c;
+  }
+
+  // Writes the checkpoint of `position` into the run directory and keeps the newest
+  // --keep-checkpoints. Collective. Returns the file.
+  std::string save_checkpoint(const TrainingPosition& position, const char* why) {
+    Stopwatch wall;
+    const std::string path = checkpoint_path(config.run_dir, position.global_step);
+    write_checkpoint(comm.mpi_comm(), path, make_checkpoint(position));
+    if (comm.rank() == 0) prune_checkpoints(config.run_dir, config.keep_checkpoints);
+    const double seconds = wall.elapsed_ms() / 1e3;
+    metrics.write({{"kind", "checkpoint"},
+                   {"step", position.global_step},
+                   {"epoch", position.epoch + 1},
+                   {"why", why},
+                   {"path", path},
+                   {"write_s", seconds}});
+    if (is_printer) {
+      std::printf("%sCheckpoint (%s) after step %lld: %s in %.2f s\n",
+                  output.progress_bar ? "\n" : "", why,
+                  static_cast<long long>(position.global_step), path.c_str(), seconds);
+      std::fflush(stdout);
+    }
+    return path;
+  }
+
+  // Continues from the checkpoint at `path`: parameters and buffers, optimizer state
+  // (re-partitioned for this world size), loss scaler, random state and the position.
+  // A checkpoint of another model or input is a DataError.
+  void resume(const std::string& path) {
+    const Checkpoint c = read_checkpoint(path);
+    const DatasetInfo& info = dataset.info();
+    std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+    for (const auto& item : model->named_parameters())
+      expected.emplace_back(item.key(), item.value().sizes().vec());
+    std::map<std::string, torch::Tensor> buffers;
+    for (const auto& item : model->named_buffers()) {
+      expected.emplace_back(item.key(), item.value().sizes().vec());
+      buffers[item.key()] = item.value();
+    }
+    check_checkpoint_fits(c, path, config.model, info.channels, info.height, info.width,
+                          info.num_classes, expected, flat.numel());
+    torch::NoGradGuard no_grad;
+    // Buffers from the file; the parameters follow the fp32 master weights (load_full_state).
+    for (const CheckpointTensor& tensor : c.model_state) {
+      const auto buffer = buffers.find(tensor.name);
+      if (buffer == buffers.end()) continue;
+      buffer->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
+                                            tensor.dtype == "I64" ? torch::kLong : torch::kFloat));
+    }
+    auto from_vector = [&](const std::vector<float>& values) {
+      return torch::from_blob(const_cast<float*>(values.data()),
+                              {static_cast<int64_t>(values.size())}, torch::kFloat)
+          .to(device);
+    };
+    FullOptimizerState state;
+    state.master = from_vector(c.master);
+    state.exp_avg = from_vector(c.exp_avg);
+    state.exp_avg_sq = from_vector(c.exp_avg_sq);
+    state.steps = c.optimizer_steps;
+    optimizer->load_full_state(state);
+    if (scaler && c.has_loss_scaler) scaler->restore(c.loss_scaler);
+    if (!c.rng_state.empty()) {
+      torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
+      std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(rng);
+    }
+    start = c.position;
+    resumed_from = path;
+    if (is_printer) {
+      std::printf("Resumed from %s: step %lld, epoch %lld, %lld micro-batches into it (saved by %d "
+                  "rank(s), continuing on %d)\n",
+                  path.c_str(), static_cast<long long>(c.position.global_step),
+                  static_cast<long long>(c.position.epoch + 1),
+                  static_cast<long long>(c.position.micro_steps_in_epoch), c.world_size,
+                  comm.size());
+      std::fflush(stdout);
+    }
   }
 
   // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution
@@ -430,6 +596,20 @@ struct Trainer::Impl {
     times = IntervalTimes{};
   }
 
+  // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
+  int agreed_stop_signal() {
+    const int local = stop_signal_received();
+    if (comm.size() == 1) return local;
+    return static_cast<int>(comm.all_reduce_count(local, ReduceOp::kMax));
+  }
+
+  // Micro-batches of this rank already consumed in the resumed epoch. The checkpoint counts
+  // them at its own world size; what is the same at every world size (for the same global
+  // batch) is the number of samples of the epoch's permutation consumed.
+  int64_t resumed_micro_steps_in_epoch() const {
+    return start.micro_steps_in_epoch;
+  }
+
   TrainSummary run() {
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
@@ -476,22 +656,31 @@ struct Trainer::Impl {
                   bytes.optimizer_state / 1e6, reducer->num_buckets());
     }
 
-    int64_t global_step = 0;   // optimizer steps taken or skipped
-    int64_t micro_step = 0;    // over the whole run
-    int64_t skipped_total = 0;
+    int64_t global_step = start.global_step;  // optimizer steps taken or skipped
+    int64_t micro_step = start.micro_step;    // over the whole run
+    int64_t skipped_total = start.skipped_steps;
+    summary.resumed_from = resumed_from;
     int64_t samples_after_first_step = 0;  // per rank
     double train_ms_after_first_step = 0.0;
     bool reached_max_steps = false;
-    for (int epoch = 0; epoch < config.epochs && !reached_max_steps; ++epoch) {
+    reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
+    for (int epoch = static_cast<int>(start.epoch);
+         epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
       Stopwatch epoch_wall;
-      BatchLoader loader(dataset, Split::kTrain,
-                         rank_epoch_indices(config.seed, epoch, info.train_size, comm.size(),
-                                            comm.rank(), tail, /*shuffle=*/true),
-                         config.micro_batch, config.prefetch_batches);
+      // A resumed epoch goes on after the micro-batches its checkpoint had consumed.
+      const int64_t consumed_micro_steps = epoch == start.epoch ? resumed_micro_steps_in_epoch() : 0;
+      std::vector<int64_t> indices = rank_epoch_indices(config.seed, epoch, info.train_size,
+                                                        comm.size(), comm.rank(), tail,
+                                                        /*shuffle=*/true);
+      indices.erase(indices.begin(),
+                    indices.begin() + std::min<int64_t>(static_cast<int64_t>(indices.size()),
+                                                        consumed_micro_steps * config.micro_batch));
+      BatchLoader loader(dataset, Split::kTrain, std::move(indices), config.micro_batch,
+                         config.prefetch_batches);
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
-      int64_t epoch_micro_steps = 0;
-      int64_t step_in_epoch = 0;
+      int64_t epoch_micro_steps = consumed_micro_steps;
+      int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
       HostBatch batch;
       Stopwatch step_wall;
       for (;;) {
@@ -521,9 +710,18 @@ struct Trainer::Impl {
         if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch)
           log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, skipped_total, times);
         ++step_in_epoch;
+        const TrainingPosition here{global_step, micro_step, epoch, epoch_micro_steps, skipped_total};
+        summary.stop_signal = agreed_stop_signal();
+        if (summary.stop_signal != 0) {
+          summary.last_checkpoint = save_checkpoint(here, stop_signal_name(summary.stop_signal));
+          break;
+        }
+        if (config.checkpoint_every > 0 && global_step % config.checkpoint_every == 0)
+          summary.last_checkpoint = save_checkpoint(here, "periodic");
         if (reached_max_steps) break;
       }
       if (is_printer && output.progress_bar) std::printf("\n");
+      if (summary.stop_signal != 0) break;
       const double epoch_train_ms = epoch_wall.elapsed_ms();
       summary.final_train_loss = comm.all_reduce_scalar(epoch_loss_sum) /
                                  (comm.size() * static_cast<double>(std::max<int64_t>(1, epoch_micro_steps)));
@@ -542,6 +740,14 @@ struct Trainer::Impl {
                      {"loader_wait_s", loader.wait_ms() / 1e3},
                      {"skipped_steps", skipped_total},
                      {"loss_scale", loss_scale()}});
+      // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
+      // accumulation is not one.
+      if (config.checkpoint_epochs && micro_step % config.grad_accum == 0) {
+        const TrainingPosition here = epoch_complete
+            ? TrainingPosition{global_step, micro_step, epoch + 1, 0, skipped_total}
+            : TrainingPosition{global_step, micro_step, epoch, epoch_micro_steps, skipped_total};
+        summary.last_checkpoint = save_checkpoint(here, epoch_complete ? "epoch end" : "max steps");
+      }
       if (is_printer)
         std::printf("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy "
                     "%.2f%% (%lld/%lld)\n",
@@ -550,6 +756,18 @@ struct Trainer::Impl {
                     100.0 * summary.test.accuracy, static_cast<long long>(summary.test.correct),
                     static_cast<long long>(summary.test.samples));
       std::fflush(stdout);
+    }
+    if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
+      Checkpoint weights;
+      weights.model = config.model;
+      weights.channels = info.channels;
+      weights.height = info.height;
+      weights.width = info.width;
+      weights.num_classes = info.num_classes;
+      weights.position.global_step = global_step;
+      weights.model_state = model_state();
+      write_weights_safetensors(config.export_weights, weights);
+      if (is_printer) std::printf("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;
     summary.skipped_steps = skipped_total;

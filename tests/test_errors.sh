@@ -48,4 +48,29 @@ cp small.h5 bad-label.h5
 "$CORRUPT_LABEL" bad-label.h5 train 321 42
 expect_failure bad-label 3 "= 42" -- --dataset bad-label.h5 --epochs 1 --micro-batch 16
 
+# Checkpoints that cannot be resumed from: missing, not HDF5, not a checkpoint (the dataset
+# file), truncated, another model's, one whose data was altered.
+expect_failure resume-missing 3 "$work/nowhere-ckpt.h5" -- --dataset small.h5 --resume "$work/nowhere-ckpt.h5"
+expect_failure resume-garbage 3 "garbage.h5" -- --dataset small.h5 --resume garbage.h5
+expect_failure resume-dataset-file 3 "small.h5" -- --dataset small.h5 --resume small.h5
+"$MPIEXEC" -np 1 "$HPC_TRAIN" --dataset small.h5 --model resnet18 --micro-batch 2 --max-steps 1 \
+  --run-dir resnet > resnet.out 2>&1 || { cat resnet.out; exit 1; }
+"$MPIEXEC" -np 1 "$HPC_TRAIN" --dataset small.h5 --micro-batch 8 --max-steps 2 \
+  --run-dir cnn > cnn.out 2>&1 || { cat cnn.out; exit 1; }
+expect_failure resume-other-model 3 "resnet18" -- --dataset small.h5 --resume resnet/checkpoints/step-00000001.h5
+cnn_checkpoint=cnn/checkpoints/step-00000002.h5
+head -c "$(( $(stat -c %s "$cnn_checkpoint") * 2 / 3 ))" "$cnn_checkpoint" > truncated-ckpt.h5
+expect_failure resume-truncated 3 "truncated-ckpt.h5" -- --dataset small.h5 --resume truncated-ckpt.h5
+# A flipped byte in the middle of the data (the optimizer arrays): the checksum catches it.
+cp "$cnn_checkpoint" flipped-ckpt.h5
+python3 - flipped-ckpt.h5 <<'PY'
+import sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+middle = len(data) // 2
+data[middle] ^= 0x40
+open(path, "wb").write(data)
+PY
+expect_failure resume-flipped-byte 3 "flipped-ckpt.h5" -- --dataset small.h5 --resume flipped-ckpt.h5
+
 [ "$failures" -eq 0 ] && echo "all error cases passed" || { echo "$failures error case(s) failed"; exit 1; }

@@ -63,6 +63,13 @@ struct TrainConfig {
   std::string backend = "auto";   // --backend auto|nccl|mpi
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
 
+  // [checkpoint]
+  int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only
+  bool checkpoint_epochs = true;  // --checkpoint-epochs: also write one at every epoch end
+  int keep_checkpoints = 3;       // --keep-checkpoints: newest kept; 0 = keep all
+  std::string resume;             // --resume auto|FILE: auto = newest in the run dir, if any; empty = fresh start
+  std::string export_weights;     // --export-weights FILE.safetensors at the end of the run
+
   // [output]
   std::string run_dir;            // --run-dir; empty = runs/<UTC timestamp>, chosen by rank 0
   int log_every = 50;             // --log-every: steps between log lines and metrics records

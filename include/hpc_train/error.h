@@ -18,6 +18,9 @@ enum ExitCode : int {
   kExitRuntimeError = 1,  // a library call failed, or an internal invariant broke
   kExitUsageError = 2,    // bad command line, config file or option value
   kExitDataError = 3,     // a missing, foreign, truncated or inconsistent input file
+  // Stopped by SIGUSR1 or SIGTERM after writing a checkpoint: run again with --resume auto
+  // (EX_TEMPFAIL; jobscripts/train_requeue.sbatch turns it into `scontrol requeue`).
+  kExitPreempted = 75,
 };
 
 class Error : public std::runtime_error {

@@ -88,6 +88,9 @@ struct TrainSummary {
   int zero_stage = 0;
   std::string precision;
   std::string placement;          // rank 0's device and backend
+  std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
+  std::string last_checkpoint;    // the last checkpoint written; empty = none
+  int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
   nlohmann::json to_json() const;
 };
 

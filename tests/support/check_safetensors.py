@@ -6,7 +6,7 @@ library only: nothing to install).
     check_safetensors.py FILE --expect-model simple_cnn [--shape 1,28,28] [--classes 10]
                                                                 names and shapes as PyTorch's
                                                                 state_dict of that network
-    check_safetensors.py FILE --compare OTHER.safetensors|.npz [--atol 1e-6]
+    check_safetensors.py FILE --compare OTHER.safetensors|.npz [--atol 1e-6 | --rtol 1e-6]
     check_safetensors.py FILE --metadata model=simple_cnn       a __metadata__ entry
     check_safetensors.py --list-expected resnet18 --shape 3,32,32 --classes 10
 
@@ -241,6 +241,20 @@ def check_model(tensors, metadata, args, problems):
         problems.append(f"unexpected {name} (not in {args.expect_model}'s state_dict)")
 
 
+def relative_difference(tensors, others):
+    """||a - b|| / ||b|| over every float element of both files (the norm of the whole state)."""
+    theirs = {t.name: t for t in others}
+    squared_difference = squared_norm = 0.0
+    for a in tensors:
+        b = theirs.get(a.name)
+        if b is None or a.dtype not in ("F32", "F64", "F16", "BF16"):
+            continue
+        for x, y in zip(a.values(), b.values()):
+            squared_difference += (x - y) ** 2
+            squared_norm += y * y
+    return math.sqrt(squared_difference / squared_norm) if squared_norm > 0 else 0.0
+
+
 def check_same(tensors, others, atol, problems):
     mine = {t.name: t for t in tensors}
     theirs = {t.name: t for t in others}
@@ -279,6 +293,8 @@ def main():
     parser.add_argument("--float-dtype", default="F32", help="dtype of weights and running stats")
     parser.add_argument("--compare", metavar="OTHER", help="a .safetensors or .npz file")
     parser.add_argument("--atol", type=float, help="compare values within this; default: bytes")
+    parser.add_argument("--rtol", type=float,
+                        help="compare the whole state: ||file - other|| / ||other|| within this")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--quiet", action="store_true", help="print only problems")
     args = parser.parse_args()
@@ -322,7 +338,13 @@ def main():
             problems.append(f"__metadata__ {key} is {metadata.get(key)!r}, expected {value!r}")
     if args.expect_model:
         check_model(tensors, metadata, args, problems)
-    if others is not None:
+    if others is not None and args.rtol is not None:
+        check_same(tensors, others, float("inf"), problems)  # names and shapes
+        difference = relative_difference(tensors, others)
+        print(f"{args.file}: relative difference {difference:.3g} (||a - b|| / ||b||)")
+        if not difference <= args.rtol:
+            problems.append(f"relative difference {difference:.3g} > {args.rtol:g}")
+    elif others is not None:
         check_same(tensors, others, args.atol, problems)
     for problem in problems:
         print(f"{args.file}: {problem}", file=sys.stderr)

@@ -27,10 +27,10 @@ hpc_train_add_script_test(NAME test_slurm_lr_sweep SCRIPT slurm/test_slurm_lr_sw
 set_property(TEST test_slurm_lr_sweep APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
 set_tests_properties(test_slurm_lr_sweep PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
 
-# jobscripts/train_requeue.sbatch, unchanged, with a stand-in for hpc_train that follows its
-# preemption protocol (checkpoint, exit 75, --resume auto): USR1 -> requeue -> resume -> done.
+# jobscripts/train_requeue.sbatch, unchanged, with hpc_train: USR1 -> checkpoint, exit 75 ->
+# scontrol requeue -> --resume auto -> done, with the weights of an uninterrupted run.
 hpc_train_add_script_test(NAME test_slurm_requeue SCRIPT slurm/test_slurm_requeue.sh
-  TIMEOUT 240 LABELS slurm)
+  TIMEOUT 300 LABELS slurm)
 set_property(TEST test_slurm_requeue APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SLURM_TEST_ENV}")
 set_tests_properties(test_slurm_requeue PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
 

@@ -11,14 +11,30 @@
 // step everywhere) -> clip by the global norm -> Adam/AdamW on the fp32 master partition ->
 // cast to the model dtype -> all-gather. In fp32 the parameters themselves are the master
 // weights (no copy); in fp16/bf16 a separate fp32 copy of the partition is kept.
+//
+// Two ways to run a step when the parameters are on a GPU (GPU build), both through the fused
+// kernels of fused_optimizer.h:
+//   step(lr, loss_scale)  the host gives the learning rate and the loss scale (a LossScaler on
+//                         the host decides) and gets a StepOutcome back: one host sync per step.
+//   step_on_device()      nothing crosses to the host: the learning rate comes from a table on
+//                         the device (ZeroOptions::lr_by_step), the fp16 loss scaler runs on the
+//                         device (ZeroOptions::loss_scaling; loss_scale_tensor() is what the loss
+//                         is multiplied by), and the counters stay there until read_device_report.
+//                         With the NCCL backend the host never waits, so a whole training step
+//                         can be captured in a CUDA graph and replayed (the buffers it uses are
+//                         allocated at construction and on every (re)layout, never per step).
+// On the CPU, step() runs ATen operations (adam_update), and the device methods throw.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "hpc_train/comm.h"
 #include "hpc_train/flat_parameters.h"
+#include "hpc_train/loss_scaler.h"
 #include "hpc_train/optimizer.h"
 #include "hpc_train/reducer.h"
 
@@ -29,12 +45,31 @@ struct ZeroOptions {
   AdamOptions adam;
   double clip_grad = 0.0;       // max global norm; 0 = off
   bool check_overflow = false;  // fp16: look for inf/nan and skip the step on every rank
+  // step_on_device only. The learning rate of each optimizer step, by global step (taken or
+  // skipped, from 0); the last entry holds for later steps. Empty: adam.lr throughout.
+  std::vector<double> lr_by_step;
+  // step_on_device only: fp16 loss scaling kept on the GPU, with LossScaler's rules (needs
+  // check_overflow). Absent: the loss scale is 1.
+  std::optional<LossScalerOptions> loss_scaling;
 };
 
 struct StepOutcome {
   bool overflow = false;  // some rank saw inf/nan: nothing was updated
   double grad_norm = 0.0; // global norm of the unscaled gradients (before clipping)
   double gather_ms = 0.0; // time in the all-gather of parameters (stages 1, 2)
+};
+
+// What the device step has counted and learnt (read_device_report): for log lines and checkpoints.
+struct DeviceStepReport {
+  int64_t global_step = 0;     // optimizer steps taken or skipped
+  int64_t adam_steps = 0;      // steps applied (FullOptimizerState::steps)
+  int64_t skipped_steps = 0;   // global_step - adam_steps
+  double loss_scale = 1.0;     // what the next backward's loss is multiplied by
+  double last_grad_norm = 0.0; // the latest step's unscaled global norm before clipping; 0 if skipped
+  double last_lr = 0.0;        // the latest step's learning rate
+  bool last_overflow = false;  // the latest step was skipped
+  LossScalerState scaler;      // the device loss scaler, as LossScaler::state() (checkpoints)
+  bool scaler_failed = false;  // an overflow at the minimum loss scale: the run cannot go on
 };
 
 // The optimizer state in the logical layout (flat_parameters.h), independent of world size and
@@ -55,7 +90,25 @@ class ZeroOptimizer {
   // (Note [Gradient averaging]). Collective.
   StepOutcome step(double lr, double loss_scale);
 
-  int64_t steps_taken() const { return steps_; }
+  // The same step with no host sync and no host input (see the top of this file); the parameters
+  // must be on a GPU. Queued on the current CUDA stream; the all-reduce of the squared norm
+  // (partitioned, or fp16 at stage 0) and the all-gathers go through the communicator, which
+  // must be NCCL for the host never to wait. Collective.
+  void step_on_device();
+  // GPU: the current loss scale, a 1-element fp32 tensor on the device, updated by every
+  // step_on_device (multiply the loss by it: no host sync). Undefined on the CPU.
+  const at::Tensor& loss_scale_tensor() const { return loss_scale_; }
+  // Replaces ZeroOptions::lr_by_step (e.g. once the schedule's length is known). GPU: an upload;
+  // not while a graph is being captured.
+  void set_lr_by_step(std::vector<double> lr_by_step);
+  // GPU: one small copy to the host (waits for the current stream).
+  DeviceStepReport read_device_report() const;
+  // GPU, for a resume: the counters and the loss scaler continue from these. After
+  // load_full_state (which sets adam_steps from FullOptimizerState::steps too).
+  void load_device_state(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
+
+  // Steps applied. On a GPU it reads the device (a sync).
+  int64_t steps_taken() const;
   // Bytes of optimizer state on this rank: moments, plus fp32 master weights when separate.
   int64_t state_bytes() const;
 
@@ -65,22 +118,45 @@ class ZeroOptimizer {
   void relayout(const FullOptimizerState& state) { load_full_state(state); }
 
  private:
+  struct HostStepInputs {  // step()'s arguments, for the device path
+    double lr;
+    double loss_scale;
+  };
+
   bool partitioned() const { return options_.stage >= 1; }
+  bool on_device() const { return flat_.values().is_cuda(); }
   bool separate_master() const;
   at::Tensor gradient_partition();  // fp32 copy or view of this rank's reduced gradients
   // This rank's piece of bucket `b` of a flat-layout tensor, and of a partition tensor.
   at::Tensor own_slice(const at::Tensor& flat, size_t b) const;
   at::Tensor partition_slice(const at::Tensor& partition, size_t b) const;
   at::Tensor assemble_full(const at::Tensor& partition);  // collective, flat layout
+  // Stages 1, 2: every rank's updated slices to every rank. Returns the milliseconds it took.
+  double all_gather_parameters();
+  // The device path (GPU build; the CPU build's versions throw). Buffers that live as long as
+  // the optimizer; the segment table and reduction scratch for the current layout; one step's
+  // kernels and reductions, with the host's learning rate and loss scale or (nullptr) the device's.
+  void create_device_buffers();
+  void upload_lr_table();
+  void prepare_device_layout();
+  void enqueue_device_step(const HostStepInputs* host_inputs);
 
   FlatParameters& flat_;
   Reducer& reducer_;
   Communicator& comm_;
   ZeroOptions options_;
-  int64_t steps_ = 0;
+  int64_t steps_ = 0;  // steps applied, on the CPU (on a GPU the device state counts them)
   at::Tensor master_;  // fp32; partition (stages 1, 2) or whole; undefined when params are fp32 master
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
+  // The device path's buffers, on the parameters' GPU (undefined on the CPU).
+  at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
+  at::Tensor loss_scale_;      // fp32 [1]
+  at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients
+  at::Tensor block_partials_;  // fp64 [device_grid_blocks_]: the reduction's per-block sums
+  at::Tensor segments_;        // int64 [segments, 4]: FusedSegment, this rank's partition
+  at::Tensor lr_by_step_;      // fp64
+  int device_grid_blocks_ = 0;
 };
 
 }  // namespace hpc_train

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <exception>
 #include <limits>
+#include <memory>
+#include <thread>
 #include <utility>
 
 #include "hpc_train/comm.h"
@@ -111,35 +113,73 @@ std::function<void()> copy_back(const at::Tensor& device_tensor, const at::Tenso
 }
 
 
-// An MPI request, and what to do once it completes (copy a staged result back).
+// An MPI request, and what to do once it completes (copy a staged result back). When watched,
+// it tells the watchdog of completion, and waits by polling so that it can end the job itself
+// once the operation is overdue (Note [Communication watchdog]): MPI_Wait cannot be given up.
 class MpiWork : public Work::Impl {
  public:
-  MpiWork(MPI_Request request, std::function<void()> on_complete)
-      : request_(request), on_complete_(std::move(on_complete)) {}
+  MpiWork(MPI_Request request, std::function<void()> on_complete,
+          std::shared_ptr<WatchedOperation> watched, std::weak_ptr<CommWatchdog> watchdog)
+      : request_(request), on_complete_(std::move(on_complete)), watched_(std::move(watched)),
+        watchdog_(std::move(watchdog)) {}
+  // Dropped unfinished (an exception unwinds): nobody waits for it any more, so it is no
+  // longer the watchdog's business.
+  ~MpiWork() override {
+    if (watched_) watched_->mark_finished();
+  }
   void wait() override {
-    if (request_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+    if (request_ != MPI_REQUEST_NULL) {
+      if (watched_) {
+        while (!test_request()) {
+          if (const std::shared_ptr<CommWatchdog> watchdog = watchdog_.lock();
+              watchdog && watchdog->overdue(*watched_))
+            watchdog->end_job(watchdog->stall_message(*watched_));
+          std::this_thread::yield();
+        }
+      } else {
+        MPI_CHECK(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+      }
+    }
     complete();
   }
   bool test() override {
-    if (request_ != MPI_REQUEST_NULL) {
-      int done = 0;
-      MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-      if (!done) return false;
-    }
+    if (!test_request()) return false;
     complete();
     return true;
   }
 
  private:
+  bool test_request() {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
   void complete() {
+    if (watched_) watched_->mark_finished();
     if (on_complete_) std::exchange(on_complete_, nullptr)();
   }
   MPI_Request request_;
   std::function<void()> on_complete_;
+  std::shared_ptr<WatchedOperation> watched_;
+  std::weak_ptr<CommWatchdog> watchdog_;
 };
 
-Work make_work(MPI_Request request, std::function<void()> on_complete = {}) {
-  return Work(std::make_unique<MpiWork>(request, std::move(on_complete)));
+// A Work for a started request; registered with `watchdog` when there is one.
+Work make_work(MPI_Request request, const std::shared_ptr<CommWatchdog>& watchdog,
+               const char* name, const std::string& label, int64_t bytes,
+               std::function<void()> on_complete = {}) {
+  std::shared_ptr<WatchedOperation> watched;
+  if (watchdog) {
+    watched = std::make_shared<WatchedOperation>("mpi", name, label, bytes);
+    watchdog->watch(watched);
+  }
+  return Work(std::make_unique<MpiWork>(request, std::move(on_complete), std::move(watched),
+                                        watchdog));
+}
+
+int64_t bytes_of(const at::Tensor& tensor) {
+  return tensor.numel() * static_cast<int64_t>(tensor.element_size());
 }
 
 class MpiBackend : public CommBackend {
@@ -148,10 +188,11 @@ class MpiBackend : public CommBackend {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
-  Work all_reduce(at::Tensor& tensor, ReduceOp op) override;
-  Work broadcast(at::Tensor& tensor, int root) override;
-  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
-  Work all_gather_in_place(at::Tensor& buffer) override;
+  Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) override;
+  Work broadcast(at::Tensor& tensor, int root, const std::string& label) override;
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                      const std::string& label) override;
+  Work all_gather_in_place(at::Tensor& buffer, const std::string& label) override;
 
  private:
   MPI_Comm comm_;
@@ -161,25 +202,28 @@ class MpiBackend : public CommBackend {
 
 }  // namespace
 
-Work MpiBackend::all_reduce(at::Tensor& tensor, ReduceOp op) {
+Work MpiBackend::all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) {
   check_contiguous(tensor, "all_reduce");
   at::Tensor host = host_buffer(tensor, /*copy_in=*/true);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data_ptr(), mpi_count(host.numel(), "all_reduce"),
                            mpi_datatype(host), mpi_op(op, host), comm_, &request));
-  return make_work(request, copy_back(tensor, host));
+  return make_work(request, watchdog(), "all_reduce", label, bytes_of(tensor),
+                   copy_back(tensor, host));
 }
 
-Work MpiBackend::broadcast(at::Tensor& tensor, int root) {
+Work MpiBackend::broadcast(at::Tensor& tensor, int root, const std::string& label) {
   check_contiguous(tensor, "broadcast");
   at::Tensor host = host_buffer(tensor, /*copy_in=*/rank_ == root);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibcast(host.data_ptr(), mpi_count(host.numel(), "broadcast"), mpi_datatype(host),
                        root, comm_, &request));
-  return make_work(request, copy_back(tensor, host));
+  return make_work(request, watchdog(), "broadcast", label, bytes_of(tensor),
+                   copy_back(tensor, host));
 }
 
-Work MpiBackend::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+Work MpiBackend::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                                const std::string& label) {
   check_contiguous(input, "reduce_scatter");
   check_contiguous(output, "reduce_scatter");
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
@@ -191,14 +235,14 @@ Work MpiBackend::reduce_scatter(const at::Tensor& input, at::Tensor& output, Red
                                       mpi_count(output.numel(), "reduce_scatter"),
                                       mpi_datatype(host_input), mpi_op(op, host_input), comm_,
                                       &request));
-  // The staged input must outlive the collective: the completion holds it.
-  std::function<void()> finish = copy_back(output, host_output);
-  if (!input.device().is_cpu())
-    finish = [finish, host_input] { if (finish) finish(); };
-  return make_work(request, std::move(finish));
+  // The input (or its staged copy) must outlive the collective: the completion holds it.
+  std::function<void()> copy_result = copy_back(output, host_output);
+  std::function<void()> finish = [copy_result, host_input] { if (copy_result) copy_result(); };
+  return make_work(request, watchdog(), "reduce_scatter", label, bytes_of(input),
+                   std::move(finish));
 }
 
-Work MpiBackend::all_gather_in_place(at::Tensor& buffer) {
+Work MpiBackend::all_gather_in_place(at::Tensor& buffer, const std::string& label) {
   check_contiguous(buffer, "all_gather");
   if (buffer.numel() % size_ != 0)
     throw Error("MPI backend: all_gather needs a buffer of size() equal slices");
@@ -207,23 +251,29 @@ Work MpiBackend::all_gather_in_place(at::Tensor& buffer) {
   const int slice = mpi_count(buffer.numel() / size_, "all_gather");
   MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host.data_ptr(), slice,
                            mpi_datatype(host), comm_, &request));
-  return make_work(request, copy_back(buffer, host));
+  return make_work(request, watchdog(), "all_gather", label, bytes_of(buffer),
+                   copy_back(buffer, host));
 }
 
 std::unique_ptr<CommBackend> make_mpi_backend(MPI_Comm comm) {
   return std::make_unique<MpiBackend>(comm);
 }
 
-// Scalars travel over MPI whatever the tensor backend.
-double Communicator::all_reduce_scalar(double value, ReduceOp op) {
+// Scalars travel over MPI whatever the tensor backend, non-blocking so that the watchdog can
+// name a stalled one.
+double Communicator::all_reduce_scalar(double value, ReduceOp op, const std::string& label) {
   double result = value;
-  MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, mpi_op(op), comm_));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Iallreduce(&value, &result, 1, MPI_DOUBLE, mpi_op(op), comm_, &request));
+  make_work(request, watchdog_, "all_reduce", label, sizeof(double)).wait();
   return result;
 }
 
-int64_t Communicator::all_reduce_count(int64_t value, ReduceOp op) {
+int64_t Communicator::all_reduce_count(int64_t value, ReduceOp op, const std::string& label) {
   int64_t result = value;
-  MPI_CHECK(MPI_Allreduce(&value, &result, 1, MPI_INT64_T, mpi_op(op), comm_));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Iallreduce(&value, &result, 1, MPI_INT64_T, mpi_op(op), comm_, &request));
+  make_work(request, watchdog_, "all_reduce", label, sizeof(int64_t)).wait();
   return result;
 }
 

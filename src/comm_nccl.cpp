@@ -8,13 +8,20 @@
 // stream and records a "done" event. Work::wait makes the caller's stream wait for "done". Both
 // waits happen on the GPU: the host never blocks inside a step, and computation queued after an
 // operation but independent of it overlaps with it.
+//
+// The watchdog (Note [Communication watchdog] in comm.h) learns of completion from the "done"
+// event, queried from its own thread, and of NCCL's asynchronous errors from
+// ncclCommGetAsyncError; captured operations are left alone (Note [Graph capture]).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "hpc_train/comm.h"
@@ -79,18 +86,52 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Whether work queued on `stream` now would be captured into a CUDA graph.
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// An NCCL operation is finished when its "done" event has completed. Queried from the
+// watchdog's thread only; an error other than "not ready" counts as finished, because the
+// caller's next CUDA call reports it where it can be handled.
+class NcclOperation : public WatchedOperation {
+ public:
+  NcclOperation(const char* name, const std::string& label, int64_t bytes,
+                std::shared_ptr<Event> done)
+      : WatchedOperation("nccl", name, label, bytes), done_(std::move(done)) {}
+  bool poll_finished() override {
+    if (WatchedOperation::poll_finished()) return true;
+    if (cudaEventQuery(done_->get()) == cudaErrorNotReady) return false;
+    mark_finished();
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Event> done_;
+};
+
 // Note [Stream ordering]. Holds the tensors until the caller's stream is ordered after the
 // collective, so that the caching allocator cannot hand their memory to other work before.
 class NcclWork : public Work::Impl {
  public:
-  NcclWork(std::unique_ptr<Event> done, std::vector<at::Tensor> tensors)
-      : done_(std::move(done)), tensors_(std::move(tensors)) {}
+  // `backend_capturing`: the backend's Communicator::set_capturing state.
+  NcclWork(std::shared_ptr<Event> done, std::vector<at::Tensor> tensors, bool captured,
+           std::shared_ptr<const std::atomic<bool>> backend_capturing)
+      : done_(std::move(done)), tensors_(std::move(tensors)), captured_(captured),
+        backend_capturing_(std::move(backend_capturing)) {}
   void wait() override {
     const at::Tensor& t = tensors_.front();
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
     CUDA_CHECK(cudaStreamWaitEvent(caller, done_->get(), 0));
   }
+  // Note [Graph capture]: no event query for a captured operation, nor while this thread
+  // captures.
   bool test() override {
+    if (captured_ || backend_capturing_->load()) return false;
+    const at::Tensor& t = tensors_.front();
+    if (is_capturing(c10::cuda::getCurrentCUDAStream(t.device().index()).stream())) return false;
     const cudaError_t status = cudaEventQuery(done_->get());
     if (status == cudaErrorNotReady) return false;
     CUDA_CHECK(status);
@@ -98,8 +139,10 @@ class NcclWork : public Work::Impl {
   }
 
  private:
-  std::unique_ptr<Event> done_;
+  std::shared_ptr<Event> done_;
   std::vector<at::Tensor> tensors_;
+  bool captured_;
+  std::shared_ptr<const std::atomic<bool>> backend_capturing_;
 };
 
 class NcclBackend : public CommBackend {
@@ -121,46 +164,78 @@ class NcclBackend : public CommBackend {
   }
 
   ~NcclBackend() override {
-    if (!comm_) return;
+    if (!comm_ || aborted_.load()) return;
     // Unwinding towards MPI_Abort: the other ranks may be stuck in a collective, and
     // ncclCommDestroy would wait for them; abort instead (Note [Ending the job]).
     if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
     else ncclCommDestroy(comm_);
   }
 
-  Work all_reduce(at::Tensor& tensor, ReduceOp op) override {
+  // The watchdog's thread: CUDA calls there must not make a context on device 0, nor be
+  // forbidden (or break a capture) while the main thread captures (Note [Graph capture]).
+  void prepare_watchdog_thread() override {
+    cudaSetDevice(device_);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+
+  void set_capturing(bool capturing) override { capturing_->store(capturing); }
+
+  std::string async_error() override {
+    if (aborted_.load()) return {};
+    ncclResult_t result = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &result) != ncclSuccess || result == ncclSuccess ||
+        result == ncclInProgress)
+      return {};
+    const std::string detail = ncclGetLastError(comm_);
+    return std::string("comm: NCCL reported an asynchronous error: ") + ncclGetErrorString(result) +
+           (detail.empty() ? "" : " (" + detail + ")") + " (backend nccl)";
+  }
+
+  // Ends the collectives in flight, so that no kernel waits forever for a peer; later
+  // operations throw `reason`.
+  void abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      abort_reason_ = reason;
+    }
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+  Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) override {
     check_gpu_contiguous(tensor, "all_reduce");
-    return launch({tensor}, [&](cudaStream_t s) {
+    return launch("all_reduce", label, {tensor}, [&](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                nccl_type(tensor), nccl_op(op), comm_, s));
     });
   }
 
-  Work broadcast(at::Tensor& tensor, int root) override {
+  Work broadcast(at::Tensor& tensor, int root, const std::string& label) override {
     check_gpu_contiguous(tensor, "broadcast");
-    return launch({tensor}, [&](cudaStream_t s) {
+    return launch("broadcast", label, {tensor}, [&](cudaStream_t s) {
       NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                nccl_type(tensor), root, comm_, s));
     });
   }
 
-  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                      const std::string& label) override {
     check_gpu_contiguous(input, "reduce_scatter");
     check_gpu_contiguous(output, "reduce_scatter");
     if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
       throw Error("NCCL backend: reduce_scatter needs input of size() x output elements, one dtype");
-    return launch({input, output}, [&](cudaStream_t s) {
+    return launch("reduce_scatter", label, {input, output}, [&](cudaStream_t s) {
       NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
                                    nccl_type(input), nccl_op(op), comm_, s));
     });
   }
 
-  Work all_gather_in_place(at::Tensor& buffer) override {
+  Work all_gather_in_place(at::Tensor& buffer, const std::string& label) override {
     check_gpu_contiguous(buffer, "all_gather");
     if (buffer.numel() % size_ != 0)
       throw Error("NCCL backend: all_gather needs a buffer of size() equal slices");
     const int64_t slice = buffer.numel() / size_;
-    return launch({buffer}, [&](cudaStream_t s) {
+    return launch("all_gather", label, {buffer}, [&](cudaStream_t s) {
       // In place: NCCL reads this rank's slice from where the result puts it.
       char* base = static_cast<char*>(buffer.data_ptr());
       NCCL_CHECK(ncclAllGather(base + rank_ * slice * buffer.element_size(), base, slice,
@@ -169,17 +244,30 @@ class NcclBackend : public CommBackend {
   }
 
  private:
+  // Bytes handed to the collective: the first tensor's (the input).
   template <typename Collective>
-  Work launch(std::vector<at::Tensor> tensors, Collective&& collective) {
+  Work launch(const char* name, const std::string& label, std::vector<at::Tensor> tensors,
+              Collective&& collective) {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      throw Error(abort_reason_ + "; the NCCL communicator was aborted");
+    }
     c10::cuda::CUDAGuard guard(device_);
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_).stream();
+    const bool captured = capturing_->load() || is_capturing(caller);
     Event ready;
     CUDA_CHECK(cudaEventRecord(ready.get(), caller));
     CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready.get(), 0));
     collective(stream_.stream());
-    auto done = std::make_unique<Event>();
+    auto done = std::make_shared<Event>();
     CUDA_CHECK(cudaEventRecord(done->get(), stream_.stream()));
-    return Work(std::make_unique<NcclWork>(std::move(done), std::move(tensors)));
+    if (watchdog() && !captured) {
+      const at::Tensor& first = tensors.front();
+      watchdog()->watch(std::make_shared<NcclOperation>(
+          name, label, first.numel() * static_cast<int64_t>(first.element_size()), done));
+    }
+    return Work(
+        std::make_unique<NcclWork>(std::move(done), std::move(tensors), captured, capturing_));
   }
 
   c10::DeviceIndex device_;
@@ -187,6 +275,11 @@ class NcclBackend : public CommBackend {
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
+  // Communicator::set_capturing; shared with the Works, which answer test() by it.
+  std::shared_ptr<std::atomic<bool>> capturing_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> aborted_{false};  // by the watchdog; comm_ is gone then
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
 };
 
 }  // namespace

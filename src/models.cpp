@@ -17,6 +17,22 @@ nn::Conv2dOptions conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
   return nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false);
 }
 
+// Counting FLOPs (forward_flops_per_sample): 2 per multiply-accumulate.
+int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
+  return (input + 2 * padding - kernel) / stride + 1;
+}
+
+// A square `kernel` convolution whose output is out_h x out_w x out_channels.
+double conv_flops(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t out_h,
+                  int64_t out_w) {
+  return 2.0 * static_cast<double>(out_h * out_w * out_channels) *
+         static_cast<double>(in_channels * kernel * kernel);
+}
+
+double linear_flops(int64_t in_features, int64_t out_features) {
+  return 2.0 * static_cast<double>(in_features) * static_cast<double>(out_features);
+}
+
 class SimpleCnn : public Model {
  public:
   explicit SimpleCnn(const ModelShape& shape) {
@@ -29,6 +45,15 @@ class SimpleCnn : public Model {
     conv2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
     fc1_ = register_module("fc1", nn::Linear(flat_features, 512));
     fc2_ = register_module("fc2", nn::Linear(512, shape.num_classes));
+  }
+
+  // The layers of the constructor and forward(), as arithmetic.
+  static double forward_flops(const ModelShape& shape) {
+    const int64_t h1 = shape.height / 2, w1 = shape.width / 2;  // after the first pool
+    const int64_t h2 = h1 / 2, w2 = w1 / 2;                      // after the second
+    return conv_flops(shape.channels, 32, 3, shape.height, shape.width) +
+           conv_flops(32, 64, 3, h1, w1) + linear_flops(64 * h2 * w2, 512) +
+           linear_flops(512, shape.num_classes);
   }
 
   torch::Tensor forward(const torch::Tensor& images) override {
@@ -89,6 +114,22 @@ class ResNet18 : public Model {
     fc_ = register_module("fc", nn::Linear(512, shape.num_classes));
   }
 
+  // The layers of the constructor and BasicBlock, as arithmetic.
+  static double forward_flops(const ModelShape& shape) {
+    int64_t h = shape.height, w = shape.width, in = 64;
+    double flops = conv_flops(shape.channels, 64, 3, h, w);
+    for (int i = 0; i < 4; ++i) {
+      const int64_t width = 64 << i, stride = i == 0 ? 1 : 2;
+      h = conv_output_size(h, 3, stride, 1);
+      w = conv_output_size(w, 3, stride, 1);
+      flops += conv_flops(in, width, 3, h, w) + conv_flops(width, width, 3, h, w);  // block 1
+      if (stride != 1 || in != width) flops += conv_flops(in, width, 1, h, w);     // shortcut
+      flops += 2 * conv_flops(width, width, 3, h, w);                               // block 2
+      in = width;
+    }
+    return flops + linear_flops(512, shape.num_classes);
+  }
+
   torch::Tensor forward(const torch::Tensor& images) override {
     auto x = torch::relu(bn1_->forward(conv1_->forward(images)));
     for (auto& layer : layers_) x = layer->forward(x);
@@ -103,14 +144,32 @@ class ResNet18 : public Model {
   nn::Linear fc_{nullptr};
 };
 
-using ModelFactory = std::function<std::shared_ptr<Model>(const ModelShape&)>;
+struct RegisteredModel {
+  std::function<std::shared_ptr<Model>(const ModelShape&)> make;
+  std::function<double(const ModelShape&)> forward_flops;
+};
 
-const std::map<std::string, ModelFactory>& registry() {
-  static const std::map<std::string, ModelFactory> models = {
-      {"simple_cnn", [](const ModelShape& s) { return std::make_shared<SimpleCnn>(s); }},
-      {"resnet18", [](const ModelShape& s) { return std::make_shared<ResNet18>(s); }},
+const std::map<std::string, RegisteredModel>& registry() {
+  static const std::map<std::string, RegisteredModel> models = {
+      {"simple_cnn",
+       {[](const ModelShape& s) { return std::make_shared<SimpleCnn>(s); }, &SimpleCnn::forward_flops}},
+      {"resnet18",
+       {[](const ModelShape& s) { return std::make_shared<ResNet18>(s); }, &ResNet18::forward_flops}},
   };
   return models;
+}
+
+// The registered model `name`, for a shape it can take; ConfigError otherwise.
+const RegisteredModel& find_model(const std::string& name, const ModelShape& shape) {
+  const auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& entry : registry()) known += (known.empty() ? "" : ", ") + entry.first;
+    throw ConfigError("--model " + name + ": unknown model; known models: " + known);
+  }
+  if (shape.channels < 1 || shape.num_classes < 2)
+    throw ConfigError("model " + name + ": the dataset must have at least 1 channel and 2 classes");
+  return it->second;
 }
 
 }  // namespace
@@ -122,15 +181,15 @@ std::vector<std::string> model_names() {
 }
 
 std::shared_ptr<Model> make_model(const std::string& name, const ModelShape& shape) {
-  const auto it = registry().find(name);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("--model " + name + ": unknown model; known models: " + known);
-  }
-  if (shape.channels < 1 || shape.num_classes < 2)
-    throw ConfigError("model " + name + ": the dataset must have at least 1 channel and 2 classes");
-  return it->second(shape);
+  return find_model(name, shape).make(shape);
+}
+
+double forward_flops_per_sample(const std::string& name, const ModelShape& shape) {
+  return find_model(name, shape).forward_flops(shape);
+}
+
+double training_flops_per_sample(const std::string& name, const ModelShape& shape) {
+  return kTrainingFlopsPerForwardFlop * forward_flops_per_sample(name, shape);
 }
 
 }  // namespace hpc_train

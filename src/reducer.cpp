@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <string>
 
 #include "hpc_train/error.h"
 #include "hpc_train/metrics.h"
@@ -118,11 +119,13 @@ void Reducer::start_bucket(size_t bucket) {
   if (first_start_ms_ < 0) first_start_ms_ = t;
   events_.push_back({ReducerEvent::Kind::kCollectiveStarted, static_cast<int>(bucket), t});
   at::Tensor grads = flat_.bucket_view(flat_.grads(), bucket);
+  // Names the bucket if this collective stalls (Note [Communication watchdog] in comm.h).
+  const std::string label = "bucket " + std::to_string(bucket);
   if (options_.reduce_scatter) {
     at::Tensor slice = partition_grads_.narrow(0, span.partition_offset, span.slice_numel);
-    in_flight_.push_back(comm_.reduce_scatter(grads, slice));
+    in_flight_.push_back(comm_.reduce_scatter(grads, slice, ReduceOp::kSum, label));
   } else {
-    in_flight_.push_back(comm_.all_reduce(grads));
+    in_flight_.push_back(comm_.all_reduce(grads, ReduceOp::kSum, label));
   }
   bytes_last_backward_ += span.padded_numel * static_cast<int64_t>(grads.element_size());
 }

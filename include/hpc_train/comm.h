@@ -11,19 +11,30 @@
 //         the caller's stream wait for the operation; the host never blocks inside a step.
 //         Built only when LibTorch has CUDA. (comm_nccl.cpp)
 // Scalars and flags always go through MPI on the host.
+//
+// Every operation may carry a label saying what it is for ("bucket 3"), so that a watchdog can
+// name the operation that stalled (Note [Communication watchdog]).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace hpc_train {
 
 enum class ReduceOp { kSum, kMax, kMin };
-enum class CommBackendKind { kMpi, kNccl };
+// kNone: a world of one rank with nothing to communicate; every collective is complete at once
+// (what a run with the distributed machinery switched off is measured with).
+enum class CommBackendKind { kMpi, kNccl, kNone };
 
 // "mpi" | "nccl" -> the kind; ConfigError otherwise.
 CommBackendKind parse_comm_backend(const std::string& name);
@@ -38,7 +49,9 @@ class Work {
    public:
     virtual ~Impl() = default;
     virtual void wait() = 0;  // MPI: blocks; NCCL: orders the caller's stream after the operation
-    virtual bool test() = 0;  // true once done
+    // true once done. NCCL: false for an operation captured in a CUDA graph, and while the
+    // calling thread captures (Note [Graph capture]): wait() is what orders work after it.
+    virtual bool test() = 0;
   };
 
   Work() = default;
@@ -56,14 +69,138 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
-// One backend's tensor collectives (see the top of this file).
+// Note [Communication watchdog]
+// A collective that never finishes (a rank died, skipped a collective or called them in another
+// order) would otherwise hang every rank until the batch system kills the job, without a word
+// about what hung. With a timeout set (Communicator::set_timeout), every operation is registered
+// with the Communicator's watchdog when it starts: what it is (all_reduce, ...), its label, its
+// bytes and its start time. An operation is finished when
+//   mpi   its Work has observed completion (MPI_Wait/MPI_Test returned it), or the Work was
+//         dropped unwaited (an exception unwinds: no one waits for it any more);
+//   nccl  its "done" event has completed (cudaEventQuery from the watchdog's thread; the compute
+//         stream is never synchronised).
+// A thread polls every kWatchdogPollMs: an operation unfinished after the timeout, or an
+// asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of <label> (<bytes> B)
+// did not finish within <T> s (backend mpi|nccl)`, ncclCommAbort, then MPI_Abort, so that no rank
+// hangs. The thread calls MPI_Abort only where MPI granted MPI_THREAD_MULTIPLE; so that this does
+// not matter for MPI operations, a watched MPI wait polls with MPI_Test and ends the job from the
+// waiting thread itself once the operation is overdue. (Without MPI_THREAD_MULTIPLE, an NCCL
+// failure aborts the NCCL communicator, and the next NCCL operation throws Error.)
+// The timeout counts from when the operation was issued, which for NCCL may be before the GPU
+// reaches it; it is meant to be far longer than any step (default 300 s).
+//
+// Note [Graph capture]
+// While a stream is captured into a CUDA graph, querying an event recorded in the capture is
+// illegal, and from the capturing thread so is querying any event. So while the caller says it
+// captures (Communicator::set_capturing), and whenever the NCCL backend sees for itself that the
+// caller's stream is being captured (cudaStreamIsCapturing): operations are not registered with
+// the watchdog (nothing is launched until the graph is replayed, so a timeout would mean
+// nothing; replays are not timed), Work::test() answers false for captured operations and
+// whenever the calling thread captures, and the watchdog's thread pauses. That thread also uses
+// the thread-local capture mode, so that its queries of earlier, uncaptured operations could not
+// disturb a capture elsewhere anyway.
+class CommWatchdog;
+
+constexpr double kWatchdogPollMs = 100.0;
+
+// One operation as the watchdog sees it, shared by its Work and the watchdog (which keeps it
+// until it has finished). Backends subclass it where the Work does not observe completion.
+class WatchedOperation {
+ public:
+  using Clock = std::chrono::steady_clock;
+  WatchedOperation(const char* backend, const char* name, std::string label, int64_t bytes)
+      : backend_(backend), name_(name), label_(std::move(label)), bytes_(bytes) {}
+  virtual ~WatchedOperation() = default;
+  WatchedOperation(const WatchedOperation&) = delete;
+  WatchedOperation& operator=(const WatchedOperation&) = delete;
+
+  const char* backend() const { return backend_; }  // "mpi" | "nccl"
+  const char* name() const { return name_; }        // "all_reduce", "broadcast", ...
+  const std::string& label() const { return label_; }
+  int64_t bytes() const { return bytes_; }
+  Clock::time_point started() const { return started_; }
+
+  void mark_finished() { finished_.store(true, std::memory_order_release); }
+  // Called from the watchdog's thread; NCCL overrides it to query its event.
+  virtual bool poll_finished() { return finished_.load(std::memory_order_acquire); }
+
+ private:
+  const char* backend_;
+  const char* name_;
+  std::string label_;
+  int64_t bytes_;
+  Clock::time_point started_ = Clock::now();
+  std::atomic<bool> finished_{false};
+};
+
+// One backend's tensor collectives (see the top of this file). `label` says what an operation
+// is for; it is only reported.
 class CommBackend {
  public:
   virtual ~CommBackend() = default;
-  virtual Work all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
-  virtual Work broadcast(at::Tensor& tensor, int root) = 0;
-  virtual Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
-  virtual Work all_gather_in_place(at::Tensor& buffer) = 0;
+  virtual Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) = 0;
+  virtual Work broadcast(at::Tensor& tensor, int root, const std::string& label) = 0;
+  virtual Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                              const std::string& label) = 0;
+  virtual Work all_gather_in_place(at::Tensor& buffer, const std::string& label) = 0;
+
+  // Operations started from now on are registered with `watchdog`; nullptr: none.
+  void set_watchdog(std::shared_ptr<CommWatchdog> watchdog) { watchdog_ = std::move(watchdog); }
+  // Note [Graph capture]. MPI operations run on the host and are never captured.
+  virtual void set_capturing(bool capturing) { (void)capturing; }
+
+  // For the watchdog's thread (Note [Communication watchdog]). MPI reports its errors where they
+  // happen and has no communicator of its own to abort, so these do nothing there.
+  virtual void prepare_watchdog_thread() {}         // NCCL: the device and the capture mode
+  virtual std::string async_error() { return {}; }  // NCCL: ncclCommGetAsyncError
+  virtual void abort(const std::string& reason) { (void)reason; }  // NCCL: ncclCommAbort
+
+ protected:
+  const std::shared_ptr<CommWatchdog>& watchdog() const { return watchdog_; }
+
+ private:
+  std::shared_ptr<CommWatchdog> watchdog_;
+};
+
+// Note [Communication watchdog]. Non-copyable, non-movable (its thread refers to it); the
+// Communicator and its backend hold it while a timeout is set, a Work only weakly. The
+// destructor stops and joins the thread.
+class CommWatchdog {
+ public:
+  CommWatchdog(MPI_Comm comm, CommBackend& backend, double timeout_s);
+  ~CommWatchdog();
+  CommWatchdog(const CommWatchdog&) = delete;
+  CommWatchdog& operator=(const CommWatchdog&) = delete;
+
+  double timeout_s() const { return timeout_s_; }
+  // While paused, the thread looks at nothing (Note [Graph capture]); time still counts.
+  void set_paused(bool paused) { paused_.store(paused); }
+  void watch(std::shared_ptr<WatchedOperation> operation);
+  bool overdue(const WatchedOperation& operation) const;
+  // Prints `[rank R@host] message`, aborts the backend's communicator and ends the job
+  // (MPI_Abort). The first caller does so; a concurrent second one waits for the end.
+  [[noreturn]] void end_job(const std::string& message);
+  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi)"
+  std::string stall_message(const WatchedOperation& operation) const;
+
+ private:
+  void run();
+  // The thread's answer to a failure (no lock held).
+  void fail(const std::string& message, bool needs_backend_abort);
+
+  MPI_Comm comm_;
+  CommBackend& backend_;
+  double timeout_s_;
+  std::string where_;                 // "rank R@host", R the world rank
+  bool thread_may_call_mpi_ = false;  // MPI granted MPI_THREAD_MULTIPLE
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool failed_ = false;  // the thread reported a failure it could not end the job for
+  std::vector<std::shared_ptr<WatchedOperation>> in_flight_;
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> ending_{false};
+  std::thread thread_;  // last: starts once everything above is ready
 };
 
 class Communicator {
@@ -81,27 +218,45 @@ class Communicator {
   MPI_Comm mpi_comm() const { return comm_; }
   CommBackendKind backend() const { return kind_; }
 
+  // A collective unfinished after `seconds` ends the job, naming it (Note [Communication
+  // watchdog]); 0 turns the watchdog off. Applies to operations started afterwards. Every rank
+  // should set the same value.
+  void set_timeout(double seconds);
+  double timeout_s() const { return watchdog_ ? watchdog_->timeout_s() : 0.0; }
+
+  // Call with true before capturing CUDA graphs that contain this Communicator's operations, and
+  // with false after (Note [Graph capture]): captured operations are not watched, Work::test()
+  // queries no events, and the watchdog pauses meanwhile.
+  void set_capturing(bool capturing);
+
   // Tensors are contiguous, of float, double, int32, int64, half or bfloat16 (with MPI, half
   // and bfloat16 are summed in float by an MPI operation of ours); on the host or a GPU with
-  // MPI, on the GPU with NCCL.
+  // MPI, on the GPU with NCCL. `label` says what the operation is for ("bucket 3"); the
+  // watchdog names it when the operation stalls.
 
   // In place.
-  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) {
-    return backend_->all_reduce(tensor, op);
+  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = {}) {
+    return backend_->all_reduce(tensor, op, label);
   }
-  Work broadcast(at::Tensor& tensor, int root) { return backend_->broadcast(tensor, root); }
+  Work broadcast(at::Tensor& tensor, int root, const std::string& label = {}) {
+    return backend_->broadcast(tensor, root, label);
+  }
   // `input` has size() equal slices; this rank's reduced slice lands in `output`
   // (input.numel() / size() elements).
-  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum) {
-    return backend_->reduce_scatter(input, output, op);
+  Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum,
+                      const std::string& label = {}) {
+    return backend_->reduce_scatter(input, output, op, label);
   }
   // In place: `buffer` has size() equal slices, this rank's own is at rank() * slice; afterwards
   // every slice holds its rank's data.
-  Work all_gather_in_place(at::Tensor& buffer) { return backend_->all_gather_in_place(buffer); }
+  Work all_gather_in_place(at::Tensor& buffer, const std::string& label = {}) {
+    return backend_->all_gather_in_place(buffer, label);
+  }
 
-  // Small blocking reductions for scalars and flags (loss sums, counts, agreement), over MPI.
-  double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum);
-  int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum);
+  // Small blocking reductions for scalars and flags (loss sums, counts, agreement), over MPI;
+  // watched like the rest.
+  double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
+  int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
 
  private:
   MPI_Comm comm_;
@@ -109,6 +264,8 @@ class Communicator {
   int size_ = 1;
   CommBackendKind kind_;
   std::unique_ptr<CommBackend> backend_;
+  std::shared_ptr<CommWatchdog> watchdog_;  // while a timeout is set; the backend shares it
+  bool capturing_ = false;
 };
 
 // The backends' factories (comm_mpi.cpp, comm_nccl.cpp).

@@ -35,4 +35,18 @@ std::vector<std::string> model_names();
 // cannot take.
 std::shared_ptr<Model> make_model(const std::string& name, const ModelShape& shape);
 
+// Floating-point operations of one sample's forward pass, counted analytically from the
+// network's layers (for MFU): 2 per multiply-accumulate of every convolution and linear layer.
+// Left out, as negligible: biases, activations, pooling, batch norm and residual additions —
+// a few operations per output element, against hundreds to thousands of multiply-accumulates
+// per output element in all but the first convolution (well under 1% of the total). Throws
+// ConfigError for an unknown name or a shape without channels or classes.
+double forward_flops_per_sample(const std::string& name, const ModelShape& shape);
+
+// A training step per sample: forward, plus a backward that computes the gradients of both the
+// activations and the weights, each costing about one forward: 3 x the forward (the usual
+// convention for MFU).
+constexpr double kTrainingFlopsPerForwardFlop = 3.0;
+double training_flops_per_sample(const std::string& name, const ModelShape& shape);
+
 }  // namespace hpc_train

@@ -1,0 +1,22 @@
+# GPU monitoring, MFU and FLOP counts; the communication watchdog's stalls. The GPU halves of
+# test_gpu_monitor.cpp and test_comm.cpp (HPC_TRAIN_TEST_ON_GPU) run only in the GPU build, on
+# one rank with one GPU, under the label gpu.
+hpc_train_add_test(NAME test_gpu_monitor SOURCES test_gpu_monitor.cpp RANKS 1 3
+                   LIBS hpc_train_engine)
+
+# Each case stalls for the 2 s timeout, then MPI_Abort ends the job.
+hpc_train_add_script_test(NAME test_comm_timeout SCRIPT test_comm_timeout.sh TIMEOUT 90)
+set_property(TEST test_comm_timeout APPEND PROPERTY ENVIRONMENT "TEST_COMM=$<TARGET_FILE:test_comm>")
+
+if(HPC_TRAIN_GPU_BUILD)
+  hpc_train_add_test(NAME test_gpu_monitor_gpu SOURCES test_gpu_monitor.cpp RANKS 1
+                     LIBS hpc_train_engine LABELS gpu)
+  target_compile_definitions(test_gpu_monitor_gpu PRIVATE HPC_TRAIN_TEST_ON_GPU=1)
+  hpc_train_add_test(NAME test_comm_gpu SOURCES test_comm.cpp RANKS 1
+                     LIBS hpc_train_engine LABELS gpu)
+  target_compile_definitions(test_comm_gpu PRIVATE HPC_TRAIN_TEST_ON_GPU=1)
+  hpc_train_add_script_test(NAME test_comm_timeout_gpu SCRIPT test_comm_timeout.sh TIMEOUT 90
+                            LABELS gpu)
+  set_property(TEST test_comm_timeout_gpu APPEND PROPERTY ENVIRONMENT
+               "TEST_COMM=$<TARGET_FILE:test_comm_gpu>;COMM_TIMEOUT_BACKEND=nccl")
+endif()

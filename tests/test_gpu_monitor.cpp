@@ -1,0 +1,264 @@
+// GPU monitoring, MFU arithmetic and FLOP counts, with closed-form answers, at 1 and 3 ranks.
+// On a machine without NVML or a GPU the monitor must say why and never fail.
+//
+// Built a second time with HPC_TRAIN_TEST_ON_GPU (GPU build, label gpu, 1 rank): the monitor
+// and the allocator's peak on a real GPU instead.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hpc_train/error.h"
+#include "hpc_train/gpu_monitor.h"
+#include "hpc_train/models.h"
+
+using namespace hpc_train;
+
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+}  // namespace
+
+#ifndef HPC_TRAIN_TEST_ON_GPU
+
+TEST(GpuMonitor, ACpuRankIsUnavailableAndSaysWhy) {
+  GpuMonitor monitor(-1);
+  EXPECT_FALSE(monitor.available());
+  EXPECT_NE(monitor.unavailable_reason().find("CPU"), std::string::npos)
+      << monitor.unavailable_reason();
+  EXPECT_EQ(monitor.take_interval().samples, 0);
+}
+
+#ifndef HPC_TRAIN_WITH_CUDA
+// This build cannot find a GPU in NVML (no CUDA to ask for its PCI bus id); on this machine
+// there is usually no NVML either. Either way: unavailable, a reason, no crash, empty intervals.
+TEST(GpuMonitor, WithoutCudaOrNvmlIsUnavailable) {
+  GpuMonitor monitor(0, /*sample_interval_ms=*/10.0);
+  EXPECT_FALSE(monitor.available());
+  EXPECT_FALSE(monitor.unavailable_reason().empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const GpuSample first = monitor.take_interval();
+  const GpuSample second = monitor.take_interval();
+  EXPECT_EQ(first.samples, 0);
+  EXPECT_EQ(second.samples, 0);
+  EXPECT_EQ(second.memory_used_bytes, 0);
+  EXPECT_EQ(allocator_peak_bytes(0), 0);
+  EXPECT_EQ(cuda_device_name(0), "");
+}
+#endif
+
+TEST(GpuMonitor, MovedFromIsUnavailable) {
+  GpuMonitor monitor(-1);
+  GpuMonitor moved(std::move(monitor));
+  EXPECT_FALSE(monitor.available());  // NOLINT(bugprone-use-after-move): what is tested
+  EXPECT_EQ(monitor.take_interval().samples, 0);
+  EXPECT_FALSE(moved.unavailable_reason().empty());
+}
+
+TEST(MinMaxOverRanks, ElementWise) {
+  const int r = world_rank(), n = world_size();
+  const std::vector<MinMax> spread =
+      min_max_over_ranks({static_cast<double>(r), -2.0 * r, 5.0}, MPI_COMM_WORLD);
+  ASSERT_EQ(spread.size(), 3u);
+  EXPECT_EQ(spread[0].min, 0.0);
+  EXPECT_EQ(spread[0].max, n - 1.0);
+  EXPECT_EQ(spread[1].min, -2.0 * (n - 1));
+  EXPECT_EQ(spread[1].max, 0.0);
+  EXPECT_EQ(spread[2].min, 5.0);
+  EXPECT_EQ(spread[2].max, 5.0);
+}
+
+TEST(MinMaxOverRanks, LeavesOutNaN) {
+  const int r = world_rank(), n = world_size();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Rank 0 measured nothing: ranks 1..n-1 give 10 + r.
+  const std::vector<MinMax> spread =
+      min_max_over_ranks({r == 0 ? nan : 10.0 + r, nan}, MPI_COMM_WORLD);
+  if (n > 1) {
+    EXPECT_EQ(spread[0].min, 11.0);
+    EXPECT_EQ(spread[0].max, 10.0 + (n - 1));
+  } else {
+    EXPECT_EQ(spread[0].min, 0.0);  // nobody measured: 0, 0
+    EXPECT_EQ(spread[0].max, 0.0);
+  }
+  EXPECT_EQ(spread[1].min, 0.0);
+  EXPECT_EQ(spread[1].max, 0.0);
+}
+
+TEST(GpuSpread, OverRanksForTheLogLine) {
+  const int r = world_rank(), n = world_size();
+  GpuSample sample;
+  sample.utilization_pct = 90.0 + r;
+  sample.memory_used_bytes = static_cast<int64_t>(3.1e9 + 0.05e9 * r);
+  sample.power_w = 310.0 + 10.0 * r;
+  sample.samples = 5;
+  const GpuSpread spread =
+      gpu_spread_over_ranks(sample, static_cast<int64_t>(1.2e9), MPI_COMM_WORLD);
+  EXPECT_TRUE(spread.measured);
+  EXPECT_EQ(spread.utilization_pct.min, 90.0);
+  EXPECT_EQ(spread.utilization_pct.max, 90.0 + (n - 1));
+  EXPECT_EQ(spread.power_w.max, 310.0 + 10.0 * (n - 1));
+  if (n == 3) {
+    EXPECT_EQ(spread.describe(),
+              "GPU util 90-92%, mem 3.1-3.2 GB, power 310-330 W, peak alloc 1.2-1.2 GB");
+  }
+  const nlohmann::json record = spread.to_json();
+  EXPECT_EQ(record.at("gpu_util_pct_min").get<double>(), 90.0);
+  EXPECT_EQ(record.at("gpu_alloc_peak_bytes_max").get<double>(), 1.2e9);
+}
+
+TEST(GpuSpread, UnmeasuredRanksShowOnlyTheAllocator) {
+  const int r = world_rank(), n = world_size();
+  const GpuSpread spread =
+      gpu_spread_over_ranks(GpuSample{}, static_cast<int64_t>(1e9) * r, MPI_COMM_WORLD);
+  EXPECT_FALSE(spread.measured);
+  char expected[64];
+  std::snprintf(expected, sizeof(expected), "peak alloc 0.0-%.1f GB", n - 1.0);
+  EXPECT_EQ(spread.describe(), expected);
+  EXPECT_TRUE(spread.to_json().at("gpu_util_pct_max").is_null());
+}
+
+TEST(GatherAtRoot, RankOrder) {
+  const int r = world_rank(), n = world_size();
+  const std::vector<int64_t> values = gather_at_root(10 * r, MPI_COMM_WORLD);
+  if (r == 0) {
+    ASSERT_EQ(values.size(), static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) EXPECT_EQ(values[i], 10 * i);
+  } else {
+    EXPECT_TRUE(values.empty());
+  }
+}
+
+// The dense peaks of NVIDIA's H100 SXM5 / H200 SXM figures (gpu_monitor.cpp cites them).
+TEST(PeakFlops, KnownHopperBoardsOnly) {
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "bf16"), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp16"), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "tf32"), 494.7e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32"), 66.9e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 PCIe", "bf16"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200 NVL", "bf16"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA GeForce RTX 4090", "bf16"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp8"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("", "bf16"), 0.0);
+}
+
+TEST(Mfu, FractionOfThePeak) {
+  // 3 GFLOP per sample at 1000 samples/s on 2 GPUs of 3 TFLOP/s: 3e12 / 6e12.
+  EXPECT_DOUBLE_EQ(model_flops_utilization(3e9, 1000.0, 2, 3e12), 0.5);
+  EXPECT_EQ(model_flops_utilization(3e9, 1000.0, 2, 0.0), 0.0);  // unknown peak
+}
+
+// simple_cnn on 1x28x28, 10 classes, by hand (multiply-accumulates = outputs x inputs per output):
+//   conv1 1->32, 3x3, padded: 28*28*32 = 25,088 outputs x 1*9   =   225,792
+//   (max-pool to 14x14)  conv2 32->64: 14*14*64 = 12,544 x 32*9 = 3,612,672
+//   (max-pool to 7x7)    fc1 64*7*7 = 3,136 -> 512               = 1,605,632
+//   fc2 512 -> 10                                                =     5,120
+//   5,449,216 multiply-accumulates = 10,898,432 FLOPs
+TEST(ModelFlops, SimpleCnnOnFashionMnistByHand) {
+  const ModelShape shape{1, 28, 28, 10};
+  EXPECT_EQ(forward_flops_per_sample("simple_cnn", shape), 10898432.0);
+  EXPECT_EQ(training_flops_per_sample("simple_cnn", shape), 3 * 10898432.0);
+}
+
+// resnet18 (CIFAR variant) on 3x32x32, 10 classes, by hand:
+//   stem 3->64 at 32x32: 65,536 outputs x 27                                 =   1,769,472
+//   layer1, 4 convs 64->64 at 32x32: 4 x 65,536 x 576                        = 150,994,944
+//   layer2 at 16x16 (32,768 outputs): 64->128 stride 2: x 576 = 18,874,368;
+//     three 128->128: 3 x 32,768 x 1,152 = 113,246,208; 1x1 shortcut x 64 = 2,097,152
+//                                                                            = 134,217,728
+//   layer3 (8x8 x 256) and layer4 (4x4 x 512): channels double as the area quarters, so
+//     the same as layer2 each                                                 = 268,435,456
+//   fc 512 -> 10                                                              =       5,120
+//   555,422,720 multiply-accumulates = 1,110,845,440 FLOPs (the usual 0.56 GMAC)
+TEST(ModelFlops, ResNet18OnCifarByHand) {
+  EXPECT_EQ(forward_flops_per_sample("resnet18", ModelShape{3, 32, 32, 10}), 1110845440.0);
+}
+
+TEST(ModelFlops, UnknownModel) {
+  EXPECT_THROW(forward_flops_per_sample("vgg99", ModelShape{3, 32, 32, 10}), ConfigError);
+}
+
+#else  // HPC_TRAIN_TEST_ON_GPU: GPU 0 of this process
+
+TEST(GpuMonitorOnGpu, SamplesABusyGpu) {
+  GpuMonitor monitor(0, /*sample_interval_ms=*/50.0);
+  ASSERT_TRUE(monitor.available()) << monitor.unavailable_reason();
+  monitor.take_interval();
+  const at::TensorOptions on_gpu = at::TensorOptions().device(at::kCUDA, 0);
+  const at::Tensor a = at::randn({4096, 4096}, on_gpu);
+  at::Tensor c = at::empty({4096, 4096}, on_gpu);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < until) {
+    at::mm_out(c, a, a);
+    c.sum().item<float>();  // keeps the queue short, so the loop's second is the GPU's
+  }
+  const GpuSample sample = monitor.take_interval();
+  EXPECT_GE(sample.samples, 10);
+  EXPECT_GE(sample.utilization_pct, 0.0);
+  EXPECT_LE(sample.utilization_pct, 100.0);
+  EXPECT_GT(sample.utilization_pct, 0.0);  // it was busy
+  EXPECT_GT(sample.memory_used_bytes, 0);
+  EXPECT_GT(sample.power_w, 0.0);
+  std::printf("GPU 0: util %.0f%%, mem %.2f GB, power %.0f W over %lld samples\n",
+              sample.utilization_pct, sample.memory_used_bytes / 1e9, sample.power_w,
+              static_cast<long long>(sample.samples));
+}
+
+TEST(GpuMonitorOnGpu, ShortIntervalIsSampledOnTheSpot) {
+  GpuMonitor monitor(0, /*sample_interval_ms=*/10000.0);
+  ASSERT_TRUE(monitor.available()) << monitor.unavailable_reason();
+  EXPECT_EQ(monitor.take_interval().samples, 1);
+}
+
+TEST(GpuMonitorOnGpu, AllocatorPeakGrowsWithAnAllocation) {
+  constexpr int64_t kBytes = int64_t{256} << 20;
+  const at::TensorOptions bytes_on_gpu = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0);
+  at::Tensor warm = at::zeros({1}, bytes_on_gpu);  // the allocator exists
+  reset_allocator_peak(0);
+  const int64_t before = allocator_peak_bytes(0);
+  {
+    const at::Tensor big = at::empty({kBytes}, bytes_on_gpu);
+    EXPECT_GE(allocator_peak_bytes(0), before + kBytes);
+  }
+  EXPECT_GE(allocator_peak_bytes(0), before + kBytes);  // a peak outlives the tensor
+  reset_allocator_peak(0);
+  EXPECT_LT(allocator_peak_bytes(0), before + kBytes);  // until reset
+}
+
+TEST(GpuMonitorOnGpu, DeviceNameAndPeak) {
+  const std::string name = cuda_device_name(0);
+  EXPECT_FALSE(name.empty());
+  std::printf("GPU 0 is \"%s\": bf16 dense peak %.1f TFLOP/s (0 = unknown board)\n", name.c_str(),
+              peak_flops_per_s(name, "bf16") / 1e12);
+  if (name.find("H200") != std::string::npos && name.find("NVL") == std::string::npos) {
+    EXPECT_EQ(peak_flops_per_s(name, "bf16"), 989.4e12);
+  }
+}
+
+TEST(GpuMonitorOnGpu, SpreadAtOneRank) {
+  GpuMonitor monitor(0, 20.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const GpuSpread spread =
+      gpu_spread_over_ranks(monitor.take_interval(), allocator_peak_bytes(0), MPI_COMM_WORLD);
+  EXPECT_TRUE(spread.measured);
+  EXPECT_EQ(spread.memory_used_bytes.min, spread.memory_used_bytes.max);
+  std::printf("%s\n", spread.describe().c_str());
+}
+
+#endif  // HPC_TRAIN_TEST_ON_GPU

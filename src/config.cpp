@@ -67,6 +67,10 @@ const OptionSpec kOptions[] = {
     {"dataset", "data", &TrainConfig::dataset_path, "HDF5 dataset file (hpc_train_data makes one)"},
     {"drop-last", "data", &TrainConfig::drop_last, "drop each epoch's tail instead of padding it"},
     {"prefetch", "data", &TrainConfig::prefetch_batches, "batches read ahead by the loader thread"},
+    {"augment", "data", &TrainConfig::augment,
+     "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
+    {"resident-data", "data", &TrainConfig::resident_data,
+     "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
     {"model", "model", &TrainConfig::model, "name in the model registry, e.g. resnet18"},
     {"epochs", "training", &TrainConfig::epochs, "passes over the training set"},
     {"max-steps", "training", &TrainConfig::max_steps, "stop after this many steps; 0 = no limit"},
@@ -111,9 +115,17 @@ const OptionSpec kOptions[] = {
     {"device", "runtime", &TrainConfig::device,
      "auto (a GPU per rank where there are GPUs), cuda or cpu"},
     {"backend", "runtime", &TrainConfig::backend,
-     "gradient collectives: auto (nccl on GPUs, else mpi), nccl or mpi"},
+     "gradient collectives: auto (nccl on GPUs, else mpi), nccl, mpi or none (one rank)"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
+    {"comm-timeout", "runtime", &TrainConfig::comm_timeout_s,
+     "seconds a collective may take before the job ends; 0 = no limit"},
+    {"cuda-graph", "runtime", &TrainConfig::cuda_graph,
+     "replay each GPU training step as one CUDA graph: auto, on or off"},
+    {"channels-last", "runtime", &TrainConfig::channels_last,
+     "GPU: feed convolutions NHWC (channels-last) tensors"},
+    {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
+     "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
     {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
      "steps between checkpoints; 0 = at epoch ends only"},
     {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
@@ -621,10 +633,18 @@ void validate(const TrainConfig& c) {
           c.first_bucket_mb, "must be a finite number of MiB > 0, e.g. 1");
   require(c.device == "auto" || c.device == "cuda" || c.device == "cpu", "device", c.device,
           "must be auto, cuda or cpu");
-  require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi", "backend", c.backend,
-          "must be auto, nccl or mpi");
+  require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi" || c.backend == "none",
+          "backend", c.backend, "must be auto, nccl, mpi or none (one rank, no communication)");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
+  require(c.augment == "auto" || c.augment == "on" || c.augment == "off", "augment", c.augment,
+          "must be auto, on or off");
+  require(c.resident_data == "auto" || c.resident_data == "on" || c.resident_data == "off",
+          "resident-data", c.resident_data, "must be auto, on or off");
+  require(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s >= 0, "comm-timeout",
+          c.comm_timeout_s, "must be 0 (no limit) or a number of seconds, e.g. 300");
+  require(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off", "cuda-graph",
+          c.cuda_graph, "must be auto, on or off");
   require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
           "must be 0 (epoch ends only) or a number of steps");
   require(c.keep_checkpoints >= 0, "keep-checkpoints", c.keep_checkpoints,

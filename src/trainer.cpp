@@ -8,21 +8,25 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 
 #include "hpc_train/batch_loader.h"
 #include "hpc_train/checkpoint.h"
+#include "hpc_train/device_input.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/flat_parameters.h"
+#include "hpc_train/gpu_monitor.h"
 #include "hpc_train/loss_scaler.h"
 #include "hpc_train/lr_schedule.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/models.h"
 #include "hpc_train/reducer.h"
 #include "hpc_train/runtime.h"
+#include "hpc_train/step_graph.h"
 #include "hpc_train/stop_signal.h"
 #include "hpc_train/zero_optimizer.h"
 
@@ -34,6 +38,12 @@ namespace {
 // not depend on the batch size.
 constexpr int64_t kEvalBatchSamples = 256;
 constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+// --resident-data auto keeps the train split on the GPU up to this size (CIFAR-10: 154 MB).
+constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
+// Eager steps before a step is captured as a CUDA graph: the first one's gradients decide the
+// bucket layout, and LibTorch initialises its libraries' handles and workspaces in the first
+// few (as torch.cuda.graphs asks for warm-up iterations).
+constexpr int64_t kEagerStepsBeforeCapture = 3;
 
 torch::Dtype model_dtype(const std::string& precision) {
   if (precision == "fp16") return torch::kHalf;
@@ -87,13 +97,74 @@ struct IntervalTimes {
   }
 };
 
+// The rank's micro-batches of one epoch on the device, each one's copy started while the step
+// before it runs (device_input.h): from the loader thread, or gathered from the split kept
+// resident on the device.
+class EpochBatches {
+ public:
+  // `indices`: the rank's epoch plan from the first batch not yet consumed, which is batch
+  // `first_batch` of the epoch (a resumed epoch starts later; the augmentation draws follow
+  // the batch's place in the whole epoch).
+  EpochBatches(DeviceInput& input, const DatasetFile& dataset, std::vector<int64_t> indices,
+               int64_t batch_size, int prefetch_batches, int64_t epoch, int64_t first_batch,
+               bool resident)
+      : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch) {
+    if (resident) indices_ = std::move(indices);
+    else loader_.emplace(dataset, Split::kTrain, std::move(indices), batch_size, prefetch_batches);
+  }
+
+  // Stages the next batch; false after the epoch's last. Time blocked on the loader adds to
+  // *wait_ms.
+  bool prepare_next(double* wait_ms) {
+    const int64_t index = first_batch_ + batches_prepared_;
+    if (loader_) {
+      Stopwatch wait;
+      const bool more = loader_->next(host_batch_);
+      *wait_ms += wait.elapsed_ms();
+      if (!more) return false;
+      host_batch_.index_in_epoch = index;
+      input_.prepare(host_batch_, epoch_);
+      sizes_.push_back(host_batch_.size);
+    } else {
+      const int64_t begin = batches_prepared_ * batch_size_;
+      if (begin >= static_cast<int64_t>(indices_.size())) return false;
+      const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
+      input_.prepare_resident(std::vector<int64_t>(indices_.begin() + begin, indices_.begin() + end),
+                              index, epoch_);
+      sizes_.push_back(end - begin);
+    }
+    ++batches_prepared_;
+    return true;
+  }
+
+  int64_t prepared_size() const { return sizes_.front(); }
+  DeviceBatch take() {
+    sizes_.pop_front();
+    return input_.take();
+  }
+  double loader_wait_ms() const { return loader_ ? loader_->wait_ms() : 0.0; }
+
+ private:
+  DeviceInput& input_;
+  int64_t batch_size_;
+  int64_t epoch_;
+  int64_t first_batch_;
+  std::optional<BatchLoader> loader_;
+  std::vector<int64_t> indices_;  // resident: the plan, cut into batches here
+  HostBatch host_batch_;
+  std::deque<int64_t> sizes_;
+  int64_t batches_prepared_ = 0;
+};
+
 }  // namespace
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
 std::string Placement::describe() const {
   return (cuda ? "GPU " + std::to_string(cuda_device) : std::string("CPU")) + ", " +
-         (backend == CommBackendKind::kNccl ? "nccl" : "mpi");
+         (backend == CommBackendKind::kNccl ? "nccl"
+          : backend == CommBackendKind::kNone ? "no communication"
+                                              : "mpi");
 }
 
 Placement resolve_placement(const TrainConfig& config, int local_rank, int local_size) {
@@ -112,6 +183,10 @@ Placement resolve_placement(const TrainConfig& config, int local_rank, int local
       throw ConfigError("--backend nccl needs a GPU of its own for every rank (" +
                         std::to_string(local_size) + " ranks on this node, " +
                         std::to_string(gpus) + " GPU(s)); use --backend mpi");
+  }
+  if (config.backend == "none") {
+    placement.backend = CommBackendKind::kNone;
+    return placement;
   }
   placement.backend = config.backend == "nccl" ||
                               (config.backend == "auto" && gpu_per_rank && nccl_available())
@@ -143,6 +218,9 @@ nlohmann::json TrainSummary::to_json() const {
           {"parameter_bytes_per_rank", memory.parameters},
           {"gradient_bytes_per_rank", memory.gradients},
           {"optimizer_state_bytes_per_rank", memory.optimizer_state},
+          {"training_flops_per_sample", training_flops_per_sample},
+          {"mfu", mfu},
+          {"peak_allocated_bytes_per_rank", peak_allocated_bytes_per_rank},
           {"resumed_from", resumed_from},
           {"last_checkpoint", last_checkpoint},
           {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
@@ -164,11 +242,23 @@ struct Trainer::Impl {
   Placement placement;
   torch::Device device;
   torch::Dtype dtype;
+  GpuMonitor gpu_monitor;  // NVML samples of this rank's GPU (none on the CPU)
   std::shared_ptr<Model> model;
   FlatParameters flat;
   std::optional<Reducer> reducer;
   std::optional<ZeroOptimizer> optimizer;
-  std::optional<LossScaler> scaler;  // fp16 only
+  std::optional<LossScaler> scaler;  // fp16 on the CPU (on a GPU the optimizer's device scaler)
+  bool device_step = false;          // GPU: ZeroOptimizer::step_on_device, no host sync per step
+  std::optional<DeviceInput> train_input;
+  std::optional<DeviceInput> eval_input;
+  bool train_split_resident = false;
+  torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
+  bool channels_last = false;        // inputs in NHWC (cuDNN's fast layout on tensor cores)
+  StepGraph step_graph;              // --cuda-graph: the captured training step
+  bool use_step_graph = false;       // whether steps are captured and replayed
+  bool graph_captured_now = false;   // the step just run captured the graph
+  torch::Tensor graph_input;         // the captured step's static input buffers
+  torch::Tensor graph_labels;
   std::optional<LrSchedule> schedule;
   bool buckets_rebuilt = false;
   torch::Tensor mean;  // [1, C, 1, 1]
@@ -178,6 +268,7 @@ struct Trainer::Impl {
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
   std::string resumed_from; // the checkpoint file, empty for a fresh start
   IntervalTimes run_times;  // every log interval of the run, added up
+  double shown_loss = 0.0;  // the last log interval's loss, for the progress bar
 
   Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, TrainerOutput out,
        Placement where)
@@ -185,7 +276,9 @@ struct Trainer::Impl {
         output(std::move(out)), placement(where),
         device(where.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(where.cuda_device))
                           : torch::Device(torch::kCPU)),
-        dtype(model_dtype(c.precision)) {
+        dtype(model_dtype(c.precision)),
+        gpu_monitor(where.cuda ? where.cuda_device : -1) {
+    comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
     if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
                          config.drop_last ? EpochTail::kDrop : EpochTail::kPad) == 0)
@@ -219,7 +312,7 @@ struct Trainer::Impl {
                              config.weight_decay);
     zero.clip_grad = config.clip_grad;
     zero.check_overflow = config.precision == "fp16";
-    optimizer.emplace(flat, *reducer, comm, zero);
+    device_step = placement.cuda;
     if (config.precision == "fp16") {
       LossScalerOptions scaling;
       scaling.fixed_scale = config.loss_scale;
@@ -227,10 +320,27 @@ struct Trainer::Impl {
       scaling.scale_window = config.loss_scale_window;
       scaling.hysteresis = config.hysteresis;
       scaling.min_scale = config.min_loss_scale;
-      scaler.emplace(scaling);
+      if (device_step) zero.loss_scaling = scaling;
+      else scaler.emplace(scaling);
     }
-    mean = torch::tensor(info.mean).view({1, info.channels, 1, 1}).to(device);
-    std = torch::tensor(info.std).view({1, info.channels, 1, 1}).to(device);
+    optimizer.emplace(flat, *reducer, comm, zero);
+    train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
+                        config.seed, comm.rank(), config.micro_batch);
+    eval_input.emplace(info, device, dtype, AugmentOptions{}, config.seed, comm.rank(),
+                       kEvalBatchSamples);
+    const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
+    train_split_resident = config.resident_data == "on" ||
+                           (config.resident_data == "auto" && placement.cuda &&
+                            resident_bytes <= kAutoResidentBytes);
+    if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
+    channels_last = placement.cuda && config.channels_last;
+    if (placement.cuda) at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark);
+    interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    use_step_graph = placement.cuda && config.cuda_graph != "off" && cuda_graphs_available() &&
+                     placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
+    if (config.cuda_graph == "on" && !use_step_graph)
+      throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
+                        "backend and --grad-accum 1; use --cuda-graph auto or off");
     is_printer = output.print && comm.rank() == 0;
     if (comm.rank() == 0 && !output.run_dir.empty())
       metrics = JsonlWriter(output.run_dir + "/metrics.jsonl");
@@ -302,6 +412,9 @@ struct Trainer::Impl {
     if (scaler) {
       c.has_loss_scaler = true;
       c.loss_scaler = scaler->state();
+    } else if (device_step && config.precision == "fp16") {
+      c.has_loss_scaler = true;
+      c.loss_scaler = optimizer->read_device_report().scaler;
     }
     const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
@@ -315,6 +428,7 @@ struct Trainer::Impl {
   // Writes the checkpoint of `position` into the run directory and keeps the newest
   // --keep-checkpoints. Collective. Returns the file.
   std::string save_checkpoint(const TrainingPosition& position, const char* why) {
+    if (config.run_dir.empty()) return "";  // a Trainer without a run directory (tests)
     Stopwatch wall;
     const std::string path = checkpoint_path(config.run_dir, position.global_step);
     write_checkpoint(comm.mpi_comm(), path, make_checkpoint(position));
@@ -371,6 +485,9 @@ struct Trainer::Impl {
     state.steps = c.optimizer_steps;
     optimizer->load_full_state(state);
     if (scaler && c.has_loss_scaler) scaler->restore(c.loss_scaler);
+    if (device_step)
+      optimizer->load_device_state(c.position.global_step, c.optimizer_steps,
+                                   c.has_loss_scaler ? c.loss_scaler : LossScalerState{});
     if (!c.rng_state.empty()) {
       torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
       std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
@@ -420,23 +537,24 @@ struct Trainer::Impl {
     }
   }
 
-  torch::Tensor to_model_input(const HostBatch& batch) const {
-    const DatasetInfo& info = dataset.info();
-    // from_blob does not own the bytes: the conversion below copies before `batch` is reused.
-    const torch::Tensor bytes = torch::from_blob(
-        const_cast<uint8_t*>(batch.images.data()),
-        {batch.size, info.channels, info.height, info.width}, torch::kUInt8);
-    // uint8 crosses to the device (a quarter of the bytes of float), then is normalised there.
-    return bytes.to(device).to(torch::kFloat).div_(255.0).sub_(mean).div_(std).to(dtype);
+  torch::Tensor in_model_layout(const torch::Tensor& input) const {
+    return channels_last ? input.contiguous(at::MemoryFormat::ChannelsLast) : input;
   }
 
-  torch::Tensor to_labels(const HostBatch& batch) const {
-    return torch::from_blob(const_cast<int64_t*>(batch.labels.data()), {batch.size},
-                            torch::kLong)
-        .to(device);
+  // The scale of the loss at the next backward: the host scaler's (CPU), or the device's (GPU;
+  // a read that waits for the GPU, so only at log intervals).
+  double loss_scale() const {
+    if (scaler) return scaler->scale();
+    if (device_step && config.precision == "fp16") return optimizer->read_device_report().loss_scale;
+    return 1.0;
   }
 
-  double loss_scale() const { return scaler ? scaler->scale() : 1.0; }
+  // Returns the losses summed since the last call and starts a new sum (waits for the device).
+  double take_interval_loss() {
+    const double sum = interval_loss.item<double>();
+    interval_loss.zero_();
+    return sum;
+  }
 
   // Note [Gradient averaging]
   // Each rank's loss is the mean over its micro-batch, and every rank's micro-batch has the same
@@ -446,16 +564,19 @@ struct Trainer::Impl {
   // loss * loss_scale / (W * grad_accum), the micro-steps add up in the gradient buffer, and the
   // collectives sum over ranks: no division pass, and fp16 sums stay small. N ranks with
   // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
-  double forward_backward(const HostBatch& batch, bool sync, IntervalTimes& times) {
+  void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
     Stopwatch phase;
     model->train();
-    const torch::Tensor logits = model->forward(to_model_input(batch));
-    const torch::Tensor loss =
-        torch::nn::functional::cross_entropy(logits.to(torch::kFloat), to_labels(batch));
+    const torch::Tensor logits = model->forward(in_model_layout(batch.input));
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
     times.forward_ms += phase.elapsed_ms();
     phase.restart();
     reducer->begin_backward(sync);
-    (loss * (loss_scale() / (comm.size() * static_cast<double>(config.grad_accum)))).backward();
+    const double averaging = 1.0 / (comm.size() * static_cast<double>(config.grad_accum));
+    if (device_step && config.precision == "fp16")
+      (loss * (optimizer->loss_scale_tensor() * averaging)).backward();
+    else
+      (loss * (loss_scale() * averaging)).backward();
     times.backward_ms += phase.elapsed_ms();
     if (sync) {
       times.comm_wait_ms += reducer->finish_backward();
@@ -464,25 +585,64 @@ struct Trainer::Impl {
     } else {
       reducer->finish_backward();
     }
-    return loss.item<double>();
+    interval_loss.add_(loss.detach());
   }
 
   // The optimizer step after a synchronised micro-step; false when fp16 overflowed (skipped).
   bool optimizer_step(int64_t step, IntervalTimes& times) {
     Stopwatch phase;
-    const StepOutcome outcome = optimizer->step(schedule->lr_at(step), loss_scale());
-    flat.zero_grads();
     bool skipped = false;
-    if (scaler) {
-      const double scale_before = scaler->scale();
-      skipped = scaler->update(outcome.overflow);
-      if (skipped && is_printer)
-        std::printf("Step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
-                    static_cast<long long>(step + 1), scale_before, scaler->scale());
+    if (device_step) {
+      // Overflows and the loss scale stay on the GPU; log_interval reads them.
+      optimizer->step_on_device();
+      flat.zero_grads();
+      if (!buckets_rebuilt) skipped = optimizer->read_device_report().last_overflow;
+    } else {
+      const StepOutcome outcome = optimizer->step(schedule->lr_at(step), loss_scale());
+      flat.zero_grads();
+      if (scaler) {
+        const double scale_before = scaler->scale();
+        skipped = scaler->update(outcome.overflow);
+        if (skipped && is_printer)
+          std::printf("Step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
+                      static_cast<long long>(step + 1), scale_before, scaler->scale());
+      }
     }
     if (!buckets_rebuilt && !skipped) rebuild_buckets();
     times.optimizer_ms += phase.elapsed_ms();
     return !skipped;
+  }
+
+  // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
+  // graph, captured at the first call (step_graph.h). False when capturing failed: the caller
+  // runs the step eagerly, and no further capture is tried.
+  bool replay_step_graph(const DeviceBatch& batch) {
+    if (!step_graph.captured()) {
+      graph_input = torch::empty_like(in_model_layout(batch.input));
+      graph_labels = torch::empty_like(batch.labels);
+      std::string why;
+      comm.set_capturing(true);
+      const bool captured = step_graph.capture([&] {
+        IntervalTimes ignored;  // host timers mean nothing inside a capture
+        forward_backward(DeviceBatch{graph_input, graph_labels}, /*sync=*/true, ignored);
+        optimizer->step_on_device();
+        flat.zero_grads();
+      }, &why);
+      comm.set_capturing(false);
+      if (!captured) {
+        use_step_graph = false;
+        if (config.cuda_graph == "on") throw Error("--cuda-graph on: capturing the step failed: " + why);
+        if (is_printer)
+          std::printf("CUDA graph capture failed (%s); the steps run eagerly\n", why.c_str());
+        return false;
+      }
+      graph_captured_now = true;
+      if (is_printer) std::printf("Training step captured as a CUDA graph\n");
+    }
+    graph_input.copy_(in_model_layout(batch.input));
+    graph_labels.copy_(batch.labels);
+    step_graph.replay();
+    return true;
   }
 
   // After the first step, the buckets follow the order in which gradients became ready.
@@ -511,17 +671,21 @@ struct Trainer::Impl {
     double loss_sum = 0.0;
     int64_t correct = 0;
     int64_t samples = 0;
-    HostBatch batch;
-    while (loader.next(batch)) {
-      const torch::Tensor logits = model->forward(to_model_input(batch)).to(torch::kFloat);
-      const torch::Tensor labels = to_labels(batch);
-      loss_sum += torch::nn::functional::cross_entropy(
-                      logits, labels,
-                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                      .item<double>();
-      correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
-      samples += batch.size;
+    HostBatch host_batch;
+    // Sums stay on the device until the end: no wait for the GPU per batch.
+    torch::Tensor loss_total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    torch::Tensor correct_total = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    while (loader.next(host_batch)) {
+      const DeviceBatch batch = eval_input->to_device(host_batch, 0);
+      const torch::Tensor logits = model->forward(in_model_layout(batch.input)).to(torch::kFloat);
+      loss_total.add_(torch::nn::functional::cross_entropy(
+          logits, batch.labels,
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
+      correct_total.add_(logits.argmax(1).eq(batch.labels).sum());
+      samples += host_batch.size;
     }
+    loss_sum = loss_total.item<double>();
+    correct = correct_total.item<int64_t>();
     EvalResult result;
     result.samples = comm.all_reduce_count(samples);
     result.correct = comm.all_reduce_count(correct);
@@ -555,8 +719,9 @@ struct Trainer::Impl {
 
   // Rank 0's log line and metrics record for the interval that ends with this step.
   // Collective (the interval's loss is averaged over ranks).
-  void log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                    int64_t global_step, int64_t skipped_total, IntervalTimes& times) {
+  // Returns the interval's mean loss.
+  double log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
+                      int64_t global_step, int64_t skipped_total, IntervalTimes& times) {
     const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
     const double loss = comm.all_reduce_scalar(times.loss_sum) /
                         (comm.size() * steps * config.grad_accum);
@@ -579,6 +744,11 @@ struct Trainer::Impl {
                              {"gradient_bytes", bytes.gradients},
                              {"optimizer_state_bytes", bytes.optimizer_state}};
     record.update(b.to_json());
+    // Every rank's GPU figures, min and max over the ranks (collective).
+    const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
+    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak,
+                                                comm.mpi_comm());
+    if (placement.cuda) record.update(gpu.to_json());
     metrics.write(record);
     if (is_printer && !output.progress_bar) {
       std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step "
@@ -587,13 +757,29 @@ struct Trainer::Impl {
                   static_cast<long long>(steps_per_epoch), loss, samples_per_s,
                   interval_ms / steps, b.forward_ms, b.backward_ms, b.comm_wait_ms,
                   b.optimizer_ms, b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
-      if (scaler) std::printf(", loss scale %g, skipped %lld", scaler->scale(),
-                              static_cast<long long>(skipped_total));
+      if (config.precision == "fp16")
+        std::printf(", loss scale %g, skipped %lld", loss_scale(),
+                    static_cast<long long>(skipped_total));
+      if (placement.cuda && gpu.measured) std::printf("; %s", gpu.describe().c_str());
       std::printf("\n");
     }
     std::fflush(stdout);
     run_times.add(times);
     times = IntervalTimes{};
+    return loss;
+  }
+
+  // GPU: the device's count of skipped (overflowed) steps; ends the run like the host scaler
+  // when an overflow happened at the minimum loss scale (LossScaler::update).
+  int64_t device_skipped_steps() {
+    const DeviceStepReport report = optimizer->read_device_report();
+    if (report.scaler_failed)
+      throw Error("fp16 loss scale reached its minimum (" + std::to_string(config.min_loss_scale) +
+                  ") and the gradients still overflow (" + std::to_string(report.skipped_steps) +
+                  " step(s) skipped so far). What to try: --precision bf16, a lower --lr, "
+                  "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it "
+                  "diverges");
+    return report.skipped_steps;
   }
 
   // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
@@ -611,6 +797,7 @@ struct Trainer::Impl {
   }
 
   TrainSummary run() {
+    const TrainingStreamScope stream_scope(placement.cuda);
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
     const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;
@@ -630,6 +817,12 @@ struct Trainer::Impl {
     schedule_options.cosine_final_ratio = config.cosine_final_ratio;
     schedule_options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : total_steps;
     schedule.emplace(schedule_options);
+    if (device_step) {
+      // The device step reads its learning rate from a table indexed by the step it counts.
+      std::vector<double> lr_by_step(static_cast<size_t>(std::max<int64_t>(1, total_steps)));
+      for (size_t s = 0; s < lr_by_step.size(); ++s) lr_by_step[s] = schedule->lr_at(static_cast<int64_t>(s));
+      optimizer->set_lr_by_step(std::move(lr_by_step));
+    }
 
     TrainSummary summary;
     summary.world_size = comm.size();
@@ -660,6 +853,10 @@ struct Trainer::Impl {
     int64_t micro_step = start.micro_step;    // over the whole run
     int64_t skipped_total = start.skipped_steps;
     summary.resumed_from = resumed_from;
+    // Throughput is timed from the end of the first step (set-up and first-use costs), or of
+    // the step that captured the CUDA graph, to the end.
+    int64_t timed_after_step = start.global_step + 1;
+    int64_t timed_steps = 0;
     int64_t samples_after_first_step = 0;  // per rank
     double train_ms_after_first_step = 0.0;
     bool reached_max_steps = false;
@@ -675,40 +872,64 @@ struct Trainer::Impl {
       indices.erase(indices.begin(),
                     indices.begin() + std::min<int64_t>(static_cast<int64_t>(indices.size()),
                                                         consumed_micro_steps * config.micro_batch));
-      BatchLoader loader(dataset, Split::kTrain, std::move(indices), config.micro_batch,
-                         config.prefetch_batches);
+      EpochBatches batches(*train_input, dataset, std::move(indices), config.micro_batch,
+                           config.prefetch_batches, epoch, consumed_micro_steps,
+                           train_split_resident);
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
       int64_t epoch_micro_steps = consumed_micro_steps;
       int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
-      HostBatch batch;
       Stopwatch step_wall;
-      for (;;) {
-        Stopwatch data_wait;
-        if (!loader.next(batch)) break;
-        times.data_wait_ms += data_wait.elapsed_ms();
+      bool have_batch = batches.prepare_next(&times.data_wait_ms);
+      while (have_batch) {
+        const int64_t batch_size = batches.prepared_size();
+        const DeviceBatch batch = batches.take();
         ++micro_step;
         const bool sync = micro_step % config.grad_accum == 0;
-        const double loss = forward_backward(batch, sync, times);
-        epoch_loss_sum += loss;
+        // Captured steps need the final bucket layout, warmed-up libraries and full batches.
+        const bool replayed = use_step_graph && sync && buckets_rebuilt &&
+                              batch_size == config.micro_batch &&
+                              global_step - start.global_step >= kEagerStepsBeforeCapture &&
+                              replay_step_graph(batch);
+        if (!replayed) {
+          forward_backward(batch, sync, times);
+          if (sync && !optimizer_step(global_step, times) && !device_step) ++skipped_total;
+        }
         ++epoch_micro_steps;
-        times.loss_sum += loss;
-        times.samples += batch.size;
+        times.samples += batch_size;
+        // The next batch's copy overlaps the step just queued on the GPU.
+        have_batch = batches.prepare_next(&times.data_wait_ms);
         if (!sync) continue;
-        if (!optimizer_step(global_step, times)) ++skipped_total;
         ++global_step;
         ++times.steps;
-        if (global_step > 1) {
-          samples_after_first_step += batch.size * config.grad_accum;
+        reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
+        const bool last_of_epoch =
+            step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;
+        if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch) {
+          const double interval_loss_sum = take_interval_loss();
+          times.loss_sum += interval_loss_sum;
+          epoch_loss_sum += interval_loss_sum;
+          if (device_step) skipped_total = device_skipped_steps();
+          shown_loss = log_interval(epoch, step_in_epoch, steps_per_epoch, global_step,
+                                    skipped_total, times);
+        }
+        // After the log, which waits for the GPU at its interval: asynchronous steps are counted
+        // when they have run.
+        if (graph_captured_now) {
+          graph_captured_now = false;
+          torch::cuda::synchronize();
+          timed_after_step = global_step;
+          timed_steps = 0;
+          samples_after_first_step = 0;
+          train_ms_after_first_step = 0.0;
+        } else if (global_step > timed_after_step) {
+          ++timed_steps;
+          samples_after_first_step += batch_size * config.grad_accum;
           train_ms_after_first_step += step_wall.elapsed_ms();
         }
         step_wall.restart();
         if (is_printer && output.progress_bar)
-          print_progress_bar(epoch, step_in_epoch, steps_per_epoch, loss);
-        reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
-        const bool last_of_epoch = step_in_epoch + 1 >= steps_per_epoch || reached_max_steps;
-        if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch)
-          log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, skipped_total, times);
+          print_progress_bar(epoch, step_in_epoch, steps_per_epoch, shown_loss);
         ++step_in_epoch;
         const TrainingPosition here{global_step, micro_step, epoch, epoch_micro_steps, skipped_total};
         summary.stop_signal = agreed_stop_signal();
@@ -720,11 +941,15 @@ struct Trainer::Impl {
           summary.last_checkpoint = save_checkpoint(here, "periodic");
         if (reached_max_steps) break;
       }
+      // Micro-steps of an accumulation that carries over into the next epoch.
+      epoch_loss_sum += take_interval_loss();
       if (is_printer && output.progress_bar) std::printf("\n");
       if (summary.stop_signal != 0) break;
       const double epoch_train_ms = epoch_wall.elapsed_ms();
-      summary.final_train_loss = comm.all_reduce_scalar(epoch_loss_sum) /
-                                 (comm.size() * static_cast<double>(std::max<int64_t>(1, epoch_micro_steps)));
+      summary.final_train_loss =
+          comm.all_reduce_scalar(epoch_loss_sum) /
+          (comm.size() *
+           static_cast<double>(std::max<int64_t>(1, epoch_micro_steps - consumed_micro_steps)));
       const bool epoch_complete = epoch_micro_steps == micro_steps_per_epoch;
       if (epoch_complete) ++summary.epochs_completed;
       summary.test = evaluate();
@@ -737,7 +962,7 @@ struct Trainer::Impl {
                      {"test_accuracy", summary.test.accuracy},
                      {"epoch_train_s", epoch_train_ms / 1e3},
                      {"epoch_s", epoch_wall.elapsed_ms() / 1e3},
-                     {"loader_wait_s", loader.wait_ms() / 1e3},
+                     {"loader_wait_s", batches.loader_wait_ms() / 1e3},
                      {"skipped_steps", skipped_total},
                      {"loss_scale", loss_scale()}});
       // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
@@ -775,12 +1000,23 @@ struct Trainer::Impl {
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
-    if (global_step > 1 && train_ms_after_first_step > 0) {
+    if (timed_steps > 0 && train_ms_after_first_step > 0) {
       // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.
       const double slowest_ms = comm.all_reduce_scalar(train_ms_after_first_step, ReduceOp::kMax);
       summary.samples_per_s =
           1e3 * comm.all_reduce_count(samples_after_first_step) / slowest_ms;
-      summary.ms_per_step = slowest_ms / static_cast<double>(global_step - 1);
+      summary.ms_per_step = slowest_ms / static_cast<double>(timed_steps);
+    }
+    if (placement.cuda) {
+      summary.peak_allocated_bytes_per_rank =
+          gather_at_root(allocator_peak_bytes(placement.cuda_device), comm.mpi_comm());
+      // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
+      const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
+                                           config.precision == "fp32" ? "tf32" : config.precision);
+      summary.training_flops_per_sample = training_flops_per_sample(
+          config.model, {info.channels, info.height, info.width, info.num_classes});
+      summary.mfu = model_flops_utilization(summary.training_flops_per_sample,
+                                            summary.samples_per_s, comm.size(), peak);
     }
     return summary;
   }

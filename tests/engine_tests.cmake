@@ -27,3 +27,18 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_test(NAME test_fused_optimizer SOURCES test_fused_optimizer.cpp RANKS 1
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
 endif()
+
+# The same equivalence tests on the GPU (ctest -L gpu on the GPU machine): one rank with NCCL
+# (and its steps replayed from a CUDA graph), three ranks sharing the one GPU through the MPI
+# backend.
+if(HPC_TRAIN_GPU_BUILD)
+  foreach(case test_zero:1 test_zero:3 test_equivalence:3)
+    string(REPLACE ":" ";" parts ${case})
+    list(GET parts 0 name)
+    list(GET parts 1 ranks)
+    add_test(NAME ${name}_gpu_np${ranks}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} --oversubscribe $<TARGET_FILE:${name}>)
+    set_tests_properties(${name}_gpu_np${ranks} PROPERTIES TIMEOUT 300 LABELS gpu
+      ENVIRONMENT "${HPC_TRAIN_TEST_ENV};HPC_TRAIN_TEST_DEVICE=cuda")
+  endforeach()
+endif()

@@ -9,6 +9,7 @@
 #include "hpc_train/runtime.h"
 #include "hpc_train/trainer.h"
 #include "synthetic_dataset.h"
+#include "test_device.h"
 
 namespace {
 
@@ -52,7 +53,9 @@ TEST(DataParallel, NRanksMatchOneRankWithTheGlobalBatch) {
   const DatasetFile file = DatasetFile::open(path);
   const TrainerOutput quiet{"", false, false};
 
-  Trainer parallel(small_run(path, kMicroBatch), file, MPI_COMM_WORLD, quiet);
+  TrainConfig parallel_config = small_run(path, kMicroBatch);
+  const Placement parallel_placement = test_support::test_placement(parallel_config, MPI_COMM_WORLD);
+  Trainer parallel(parallel_config, file, MPI_COMM_WORLD, quiet, parallel_placement);
   const torch::Tensor initial = parallel.flat_parameters().clone();
   // simple_cnn on 1x8x8 with 10 classes: 155,530 parameters, not divisible by 3.
   ASSERT_NE(initial.numel() % 3, 0);
@@ -66,7 +69,9 @@ TEST(DataParallel, NRanksMatchOneRankWithTheGlobalBatch) {
   EXPECT_TRUE(torch::equal(from_root, trained)) << "rank " << world.rank() << " diverged";
 
   if (world.rank() == 0) {
-    Trainer single(small_run(path, ranks * kMicroBatch), file, MPI_COMM_SELF, quiet);
+    TrainConfig single_config = small_run(path, ranks * kMicroBatch);
+    const Placement single_placement = test_support::test_placement(single_config, MPI_COMM_SELF);
+    Trainer single(single_config, file, MPI_COMM_SELF, quiet, single_placement);
     EXPECT_TRUE(torch::equal(single.flat_parameters(), initial)) << "same seed, same start";
     ASSERT_EQ(single.run().steps, kSteps);
     const torch::Tensor reference = single.flat_parameters();
@@ -76,7 +81,7 @@ TEST(DataParallel, NRanksMatchOneRankWithTheGlobalBatch) {
                 "difference %.3e\n", ranks, kMicroBatch, ranks * kMicroBatch, kSteps, moved,
                 difference);
     EXPECT_GT(moved, 1e-3) << "training must change the parameters for the test to mean anything";
-    EXPECT_LE(difference, 1e-5);
+    EXPECT_LE(difference, test_support::parameter_tolerance());
     test_support::remove_directory(std::filesystem::path(path).parent_path().string());
   }
 }

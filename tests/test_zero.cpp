@@ -15,6 +15,7 @@
 #include "hpc_train/trainer.h"
 #include "hpc_train/zero_optimizer.h"
 #include "synthetic_dataset.h"
+#include "test_device.h"
 
 namespace {
 
@@ -62,7 +63,9 @@ class ZeroTest : public ::testing::Test {
 
   // Trains on `comm` and returns the logical parameters.
   static torch::Tensor train(const TrainConfig& config, MPI_Comm comm, MemoryBytes* memory = nullptr) {
-    Trainer trainer(config, *file_, comm, TrainerOutput{"", false, false});
+    TrainConfig placed = config;
+    const Placement placement = test_support::test_placement(placed, comm);
+    Trainer trainer(placed, *file_, comm, TrainerOutput{"", false, false}, placement);
     const TrainSummary summary = trainer.run();
     EXPECT_EQ(summary.steps, kSteps);
     if (memory) *memory = trainer.memory();
@@ -89,7 +92,7 @@ class ZeroTest : public ::testing::Test {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::printf("%s: relative difference %.3e\n", what, difference);
-    EXPECT_LE(difference, 1e-5) << what;
+    EXPECT_LE(difference, test_support::parameter_tolerance()) << what;
   }
 
   static std::string path_;
@@ -158,7 +161,8 @@ TEST_F(ZeroTest, FirstBucketStartsBeforeBackwardEnds) {
   TrainConfig config = base(kMicroBatch);
   config.max_steps = 2;  // the second step runs with the rebuilt buckets
   config.zero_stage = 2;
-  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false});
+  const Placement placement = test_support::test_placement(config, MPI_COMM_WORLD);
+  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false}, placement);
   trainer.run();
   const auto events = trainer.last_reducer_events();
   size_t first_start = events.size();
@@ -189,7 +193,8 @@ TEST_F(ZeroTest, ResNet18TrainsAndEveryRankHoldsTheSameParameters) {
   config.max_steps = 3;
   config.zero_stage = 2;
   config.bucket_mb = 8.0;
-  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false});
+  const Placement placement = test_support::test_placement(config, MPI_COMM_WORLD);
+  Trainer trainer(config, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false}, placement);
   const TrainSummary summary = trainer.run();
   EXPECT_EQ(summary.steps, 3);
   EXPECT_GT(summary.parameters, 11000000);

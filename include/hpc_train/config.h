@@ -20,6 +20,8 @@ struct TrainConfig {
   std::string dataset_path = kDefaultDatasetPath;  // --dataset
   bool drop_last = false;      // --drop-last: drop the epoch's tail instead of padding it
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
+  std::string augment = "auto";  // --augment auto|on|off: random crop + flip (auto: CIFAR-like data)
+  std::string resident_data = "auto";  // --resident-data auto|on|off: the train split kept on the device
 
   // [model]
   std::string model = "simple_cnn";  // --model: a name from the model registry
@@ -62,6 +64,10 @@ struct TrainConfig {
   std::string device = "auto";    // --device auto|cuda|cpu
   std::string backend = "auto";   // --backend auto|nccl|mpi
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
+  double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
+  std::string cuda_graph = "auto";  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph
+  bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
+  bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
 
   // [checkpoint]
   int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only

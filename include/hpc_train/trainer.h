@@ -88,6 +88,9 @@ struct TrainSummary {
   int zero_stage = 0;
   std::string precision;
   std::string placement;          // rank 0's device and backend
+  double training_flops_per_sample = 0.0;  // GPU: 3 x the forward's (models.h)
+  double mfu = 0.0;               // GPU: model FLOPs utilisation against the GPU's peak; 0 = unknown
+  std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
   std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
   std::string last_checkpoint;    // the last checkpoint written; empty = none
   int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end

@@ -121,7 +121,7 @@ const OptionSpec kOptions[] = {
     {"comm-timeout", "runtime", &TrainConfig::comm_timeout_s,
      "seconds a collective may take before the job ends; 0 = no limit"},
     {"cuda-graph", "runtime", &TrainConfig::cuda_graph,
-     "replay each GPU training step as one CUDA graph: auto, on or off"},
+     "replay each GPU step as one CUDA graph: off, auto (fall back to eager) or on"},
     {"channels-last", "runtime", &TrainConfig::channels_last,
      "GPU: feed convolutions NHWC (channels-last) tensors"},
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,

@@ -797,7 +797,8 @@ struct Trainer::Impl {
   }
 
   TrainSummary run() {
-    const TrainingStreamScope stream_scope(placement.cuda);
+    // Only for the graph: eager steps run on the default stream, as validated on the H200.
+    const TrainingStreamScope stream_scope(use_step_graph);
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
     const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;

@@ -28,9 +28,8 @@ if(HPC_TRAIN_GPU_BUILD)
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
 endif()
 
-# The same equivalence tests on the GPU (ctest -L gpu on the GPU machine): one rank with NCCL
-# (and its steps replayed from a CUDA graph), three ranks sharing the one GPU through the MPI
-# backend.
+# The same equivalence tests on the GPU (ctest -L gpu on the GPU machine): one rank with NCCL,
+# three ranks sharing the one GPU through the MPI backend.
 if(HPC_TRAIN_GPU_BUILD)
   foreach(case test_zero:1 test_zero:3 test_equivalence:3)
     string(REPLACE ":" ";" parts ${case})

@@ -65,7 +65,9 @@ struct TrainConfig {
   std::string backend = "auto";   // --backend auto|nccl|mpi
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
   double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
-  std::string cuda_graph = "auto";  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph
+  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph. Off by default: on the H200
+  // (LibTorch 2.11) the capture still fails (step_graph.h), and auto then falls back to eager.
+  std::string cuda_graph = "off";
   bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
 

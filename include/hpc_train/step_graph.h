@@ -8,6 +8,12 @@
 // parameter and gradient buffers, the optimizer state, static input buffers). Memory the step
 // allocates comes from the graph's private pool and is the same on every replay.
 // Built only in the GPU build; elsewhere cuda_graphs_available() is false.
+//
+// Status: on the H200 (LibTorch 2.11, CUDA 13) the capture of the training step fails with
+// "operation would make the legacy stream depend on a capturing blocking stream": some work of
+// the step (most likely the gradient hooks' collectives, queued from autograd's thread) still
+// lands on the legacy default stream. Hence --cuda-graph is off by default; auto falls back to
+// eager steps with a message.
 #pragma once
 
 #include <functional>

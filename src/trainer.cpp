@@ -261,8 +261,6 @@ struct Trainer::Impl {
   torch::Tensor graph_labels;
   std::optional<LrSchedule> schedule;
   bool buckets_rebuilt = false;
-  torch::Tensor mean;  // [1, C, 1, 1]
-  torch::Tensor std;
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
@@ -392,17 +390,26 @@ struct Trainer::Impl {
     return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
   }
 
-  // Everything a later run needs to continue from `position`. Collective (the optimizer state
-  // is gathered from its partitions).
-  Checkpoint make_checkpoint(const TrainingPosition& position) {
+  // What a weights export needs (write_weights_safetensors): the model, its input and its
+  // state_dict at `global_step`. Not collective.
+  Checkpoint model_checkpoint(int64_t global_step) const {
     const DatasetInfo& info = dataset.info();
-    FullOptimizerState state = optimizer->gather_full_state();
     Checkpoint c;
     c.model = config.model;
     c.channels = info.channels;
     c.height = info.height;
     c.width = info.width;
     c.num_classes = info.num_classes;
+    c.position.global_step = global_step;
+    c.model_state = model_state();
+    return c;
+  }
+
+  // Everything a later run needs to continue from `position`. Collective (the optimizer state
+  // is gathered from its partitions).
+  Checkpoint make_checkpoint(const TrainingPosition& position) {
+    FullOptimizerState state = optimizer->gather_full_state();
+    Checkpoint c = model_checkpoint(position.global_step);
     c.precision = config.precision;
     c.zero_stage = config.zero_stage;
     c.world_size = comm.size();
@@ -418,7 +425,6 @@ struct Trainer::Impl {
     }
     const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
-    c.model_state = model_state();
     c.master = to_host_floats(state.master);
     c.exp_avg = to_host_floats(state.exp_avg);
     c.exp_avg_sq = to_host_floats(state.exp_avg_sq);
@@ -984,15 +990,7 @@ struct Trainer::Impl {
       std::fflush(stdout);
     }
     if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
-      Checkpoint weights;
-      weights.model = config.model;
-      weights.channels = info.channels;
-      weights.height = info.height;
-      weights.width = info.width;
-      weights.num_classes = info.num_classes;
-      weights.position.global_step = global_step;
-      weights.model_state = model_state();
-      write_weights_safetensors(config.export_weights, weights);
+      write_weights_safetensors(config.export_weights, model_checkpoint(global_step));
       if (is_printer) std::printf("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;

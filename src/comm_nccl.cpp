@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "hpc_train/comm.h"
+#include "hpc_train/cuda_check.h"
 #include "hpc_train/error.h"
 
 #define NCCL_CHECK(expr)                                                                    \
@@ -33,14 +34,6 @@
     if (nccl_check_rc_ != ncclSuccess)                                                      \
       throw ::hpc_train::Error(::hpc_train::describe_failed_call(                           \
           __FILE__, __LINE__, #expr, ncclGetErrorString(nccl_check_rc_)));                  \
-  } while (0)
-
-#define CUDA_CHECK(expr)                                                                    \
-  do {                                                                                      \
-    cudaError_t cuda_check_rc_ = (expr);                                                    \
-    if (cuda_check_rc_ != cudaSuccess)                                                      \
-      throw ::hpc_train::Error(::hpc_train::describe_failed_call(                           \
-          __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_rc_)));                  \
   } while (0)
 
 namespace hpc_train {

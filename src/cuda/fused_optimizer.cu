@@ -25,15 +25,8 @@
 #include <cstdint>
 #include <string>
 
+#include "hpc_train/cuda_check.h"
 #include "hpc_train/error.h"
-
-#define CUDA_CHECK(expr)                                                                    \
-  do {                                                                                      \
-    cudaError_t cuda_check_rc_ = (expr);                                                    \
-    if (cuda_check_rc_ != cudaSuccess)                                                      \
-      throw ::hpc_train::Error(::hpc_train::describe_failed_call(                           \
-          __FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_rc_)));                  \
-  } while (0)
 
 namespace hpc_train {
 namespace {

@@ -126,6 +126,8 @@ const OptionSpec kOptions[] = {
      "GPU: feed convolutions NHWC (channels-last) tensors"},
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
      "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
+    {"deterministic", "runtime", &TrainConfig::deterministic,
+     "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
     {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
      "steps between checkpoints; 0 = at epoch ends only"},
     {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
@@ -645,6 +647,8 @@ void validate(const TrainConfig& c) {
           c.comm_timeout_s, "must be 0 (no limit) or a number of seconds, e.g. 300");
   require(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off", "cuda-graph",
           c.cuda_graph, "must be auto, on or off");
+  require(!(c.deterministic && c.cudnn_benchmark), "cudnn-benchmark", c.cudnn_benchmark,
+          "cannot be combined with --deterministic (autotuning picks algorithms by timing)");
   require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
           "must be 0 (epoch ends only) or a number of steps");
   require(c.keep_checkpoints >= 0, "keep-checkpoints", c.keep_checkpoints,

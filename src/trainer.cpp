@@ -214,6 +214,7 @@ nlohmann::json TrainSummary::to_json() const {
           {"samples_per_s", samples_per_s},
           {"ms_per_step", ms_per_step},
           {"skipped_steps", skipped_steps},
+          {"graph_replays", graph_replays},
           {"loss_scale", loss_scale},
           {"parameter_bytes_per_rank", memory.parameters},
           {"gradient_bytes_per_rank", memory.gradients},
@@ -243,6 +244,14 @@ struct Trainer::Impl {
   torch::Device device;
   torch::Dtype dtype;
   GpuMonitor gpu_monitor;  // NVML samples of this rank's GPU (none on the CPU)
+  // Note [Training stream]: from here on (GPU) every step, eager or captured, runs on one
+  // non-default stream. It must be current before the Reducer takes the gradient accumulators:
+  // an AccumulateGrad node remembers the stream current when it was made, and autograd runs it
+  // there. Made on the default stream, it ties the default (legacy) stream into every backward,
+  // which a CUDA graph capture refuses ("operation would make the legacy stream depend on a
+  // capturing blocking stream"; PyTorch asks DDP to be built on the side stream for the same
+  // reason). Declared before the model, so that it is torn down last.
+  TrainingStreamScope training_stream;
   std::shared_ptr<Model> model;
   FlatParameters flat;
   std::optional<Reducer> reducer;
@@ -275,7 +284,8 @@ struct Trainer::Impl {
         device(where.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(where.cuda_device))
                           : torch::Device(torch::kCPU)),
         dtype(model_dtype(c.precision)),
-        gpu_monitor(where.cuda ? where.cuda_device : -1) {
+        gpu_monitor(where.cuda ? where.cuda_device : -1),
+        training_stream(where.cuda) {
     comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
     if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
@@ -332,7 +342,10 @@ struct Trainer::Impl {
                             resident_bytes <= kAutoResidentBytes);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     channels_last = placement.cuda && config.channels_last;
-    if (placement.cuda) at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark);
+    if (placement.cuda) {
+      at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark);
+      at::globalContext().setDeterministicCuDNN(config.deterministic);
+    }
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     use_step_graph = placement.cuda && config.cuda_graph != "off" && cuda_graphs_available() &&
                      placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
@@ -803,8 +816,6 @@ struct Trainer::Impl {
   }
 
   TrainSummary run() {
-    // Only for the graph: eager steps run on the default stream, as validated on the H200.
-    const TrainingStreamScope stream_scope(use_step_graph);
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
     const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;
@@ -898,7 +909,9 @@ struct Trainer::Impl {
                               batch_size == config.micro_batch &&
                               global_step - start.global_step >= kEagerStepsBeforeCapture &&
                               replay_step_graph(batch);
-        if (!replayed) {
+        if (replayed) {
+          ++summary.graph_replays;
+        } else {
           forward_backward(batch, sync, times);
           if (sync && !optimizer_step(global_step, times) && !device_step) ++skipped_total;
         }

@@ -508,6 +508,8 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a finite number of MiB"},
       {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
       {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
+      {[](TrainConfig& c) { c.deterministic = c.cudnn_benchmark = true; },
+       "--cudnn-benchmark true: cannot be combined with --deterministic"},
   };
   for (const Case& bad : cases) {
     TrainConfig config;

@@ -65,11 +65,14 @@ struct TrainConfig {
   std::string backend = "auto";   // --backend auto|nccl|mpi
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
   double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
-  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph. Off by default: on the H200
-  // (LibTorch 2.11) the capture still fails (step_graph.h), and auto then falls back to eager.
-  std::string cuda_graph = "off";
+  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph (step_graph.h); auto falls
+  // back to eager steps where the step cannot be captured (MPI backend, gradient accumulation).
+  std::string cuda_graph = "auto";
   bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
+  // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
+  // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
+  bool deterministic = false;
 
   // [checkpoint]
   int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only

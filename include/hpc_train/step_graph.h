@@ -9,11 +9,9 @@
 // allocates comes from the graph's private pool and is the same on every replay.
 // Built only in the GPU build; elsewhere cuda_graphs_available() is false.
 //
-// Status: on the H200 (LibTorch 2.11, CUDA 13) the capture of the training step fails with
-// "operation would make the legacy stream depend on a capturing blocking stream": some work of
-// the step (most likely the gradient hooks' collectives, queued from autograd's thread) still
-// lands on the legacy default stream. Hence --cuda-graph is off by default; auto falls back to
-// eager steps with a message.
+// The whole training runs on the stream of a TrainingStreamScope, made before the gradient
+// accumulators are (Note [Training stream] in trainer.cpp); otherwise autograd ties the default
+// stream into the backward and the capture fails.
 #pragma once
 
 #include <functional>
@@ -24,10 +22,11 @@ namespace hpc_train {
 
 bool cuda_graphs_available();
 
-// For its lifetime, a stream of its own is the current CUDA stream (GPU build; elsewhere it does
-// nothing). Training runs in one: the eager steps before a capture and the capture itself must
-// use the same non-default stream, or autograd would tie the default stream into the capture
-// (and CUDA refuses that). Work queued before is ordered before, and work after after.
+// For its lifetime, a stream of its own is the current CUDA stream of the calling thread (GPU
+// build; elsewhere it does nothing). Training runs in one: the eager steps before a capture and
+// the capture itself must use the same non-default stream, or autograd would tie the default
+// stream into the capture (and CUDA refuses that). Work queued before is ordered before, and
+// work after after.
 class TrainingStreamScope {
  public:
   explicit TrainingStreamScope(bool cuda);

@@ -82,6 +82,7 @@ struct TrainSummary {
   double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
   double ms_per_step = 0.0;       // likewise
   int64_t skipped_steps = 0;      // fp16 overflows
+  int64_t graph_replays = 0;      // GPU: steps replayed from the captured CUDA graph (--cuda-graph)
   double loss_scale = 1.0;        // at the end
   MemoryBytes memory;             // rank 0's
   StepBreakdown breakdown;        // rank 0's

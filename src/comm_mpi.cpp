@@ -228,7 +228,13 @@ Work MpiBackend::reduce_scatter(const at::Tensor& input, at::Tensor& output, Red
   check_contiguous(output, "reduce_scatter");
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw Error("MPI backend: reduce_scatter needs input of size() x output elements, one dtype");
-  const at::Tensor host_input = host_buffer(input, /*copy_in=*/true);
+  // In place (the output is this rank's slice of the input): nothing moves with one rank; else
+  // MPI, which allows no aliased buffers, gets a copy of the input.
+  const bool in_place = output.data_ptr() == static_cast<char*>(input.data_ptr()) +
+                                                 rank_ * output.numel() * output.element_size();
+  if (in_place && size_ == 1) return Work();
+  const at::Tensor host_input =
+      in_place && input.device().is_cpu() ? input.clone() : host_buffer(input, /*copy_in=*/true);
   at::Tensor host_output = host_buffer(output, /*copy_in=*/false);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ireduce_scatter_block(host_input.data_ptr(), host_output.data_ptr(),

@@ -106,6 +106,15 @@ TEST_P(CommunicatorTest, ReduceScatterThenAllGather) {
                                       .repeat_interleave(4)));
 }
 
+TEST_P(CommunicatorTest, ReduceScatterInPlace) {
+  // The output is this rank's own slice of the input (as the reducer does with one rank).
+  const int n = comm.size();
+  at::Tensor input = (at::arange(n, at::kFloat) + comm.rank()).repeat_interleave(4);
+  at::Tensor own = input.narrow(0, 4 * comm.rank(), 4);
+  comm.reduce_scatter(input, own, ReduceOp::kSum, "bucket 0").wait();
+  EXPECT_TRUE(at::equal(own, at::full({4}, n * (n - 1) / 2.0f + n * comm.rank())));
+}
+
 TEST_P(CommunicatorTest, Scalars) {
   EXPECT_DOUBLE_EQ(comm.all_reduce_scalar(0.5), 0.5 * comm.size());
   EXPECT_EQ(comm.all_reduce_count(comm.rank(), ReduceOp::kMin, "agreement"), 0);

@@ -242,7 +242,8 @@ class Communicator {
     return backend_->broadcast(tensor, root, label);
   }
   // `input` has size() equal slices; this rank's reduced slice lands in `output`
-  // (input.numel() / size() elements).
+  // (input.numel() / size() elements). `output` may be this rank's own slice of `input` (in
+  // place, as NCCL allows it); with one rank that is the identity.
   Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum,
                       const std::string& label = {}) {
     return backend_->reduce_scatter(input, output, op, label);

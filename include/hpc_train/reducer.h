@@ -62,7 +62,8 @@ class Reducer {
   // Returns the time spent waiting (exposed communication), in milliseconds.
   double finish_backward();
 
-  // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order).
+  // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order). With one
+  // rank, the flat gradient buffer itself.
   at::Tensor& partition_grads() { return partition_grads_; }
 
   // Collective: a layout whose buckets follow rank 0's observed ready order; the same as the
@@ -77,7 +78,8 @@ class Reducer {
   // From the first collective's start to the last one's observed completion, milliseconds.
   double comm_span_ms() const { return comm_span_ms_; }
   size_t num_buckets() const { return flat_.layout().buckets.size(); }
-  // Bytes of gradient storage this rank holds: the flat buffer, plus the partition in stage 2.
+  // Bytes of gradient storage this rank holds: the flat buffer, plus the partition in stage 2
+  // (with more than one rank).
   int64_t gradient_bytes() const;
 
  private:
@@ -86,6 +88,7 @@ class Reducer {
   void start_ready_buckets();
   void start_bucket(size_t bucket);
   double now_ms() const;
+  bool partition_is_separate() const;  // ZeRO-2 with several ranks
 
   FlatParameters& flat_;
   Communicator& comm_;

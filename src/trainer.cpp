@@ -54,6 +54,7 @@ torch::Dtype model_dtype(const std::string& precision) {
 // One log interval's sums over its optimizer steps (times in milliseconds).
 struct IntervalTimes {
   int64_t steps = 0;
+  int64_t phase_timed_steps = 0;  // eager steps (StepBreakdown)
   int64_t samples = 0;  // this rank's
   double loss_sum = 0.0;
   double data_wait_ms = 0.0;
@@ -67,6 +68,7 @@ struct IntervalTimes {
 
   void add(const IntervalTimes& other) {
     steps += other.steps;
+    phase_timed_steps += other.phase_timed_steps;
     samples += other.samples;
     loss_sum += other.loss_sum;
     data_wait_ms += other.data_wait_ms;
@@ -84,14 +86,16 @@ struct IntervalTimes {
   StepBreakdown breakdown(int world_size, bool reduce_scatter) const {
     const double n = world_size;
     const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
+    const double per_timed_step = 1.0 / static_cast<double>(std::max<int64_t>(1, phase_timed_steps));
     const double bus_factor = reduce_scatter ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
     StepBreakdown b;
+    b.phase_timed_steps = phase_timed_steps;
     b.data_wait_ms = data_wait_ms * per_step;
-    b.forward_ms = forward_ms * per_step;
-    b.backward_ms = backward_ms * per_step;
-    b.comm_wait_ms = comm_wait_ms * per_step;
-    b.optimizer_ms = optimizer_ms * per_step;
-    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_step;
+    b.forward_ms = forward_ms * per_timed_step;
+    b.backward_ms = backward_ms * per_timed_step;
+    b.comm_wait_ms = comm_wait_ms * per_timed_step;
+    b.optimizer_ms = optimizer_ms * per_timed_step;
+    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_timed_step;
     b.busbw_gb_s = comm_span_ms > 0 ? comm_bytes / (comm_span_ms * 1e6) * bus_factor : 0.0;
     return b;
   }
@@ -229,7 +233,8 @@ nlohmann::json TrainSummary::to_json() const {
 }
 
 nlohmann::json StepBreakdown::to_json() const {
-  return {{"data_wait_ms", data_wait_ms},   {"forward_ms", forward_ms},
+  return {{"phase_timed_steps", phase_timed_steps},
+          {"data_wait_ms", data_wait_ms},   {"forward_ms", forward_ms},
           {"backward_ms", backward_ms},     {"comm_wait_ms", comm_wait_ms},
           {"optimizer_ms", optimizer_ms},   {"comm_bytes_per_step", comm_bytes_per_step},
           {"busbw_gb_s", busbw_gb_s}};
@@ -770,12 +775,16 @@ struct Trainer::Impl {
     if (placement.cuda) record.update(gpu.to_json());
     metrics.write(record);
     if (is_printer && !output.progress_bar) {
-      std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step "
-                  "(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
+      std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step ",
                   epoch + 1, config.epochs, static_cast<long long>(step_in_epoch + 1),
                   static_cast<long long>(steps_per_epoch), loss, samples_per_s,
-                  interval_ms / steps, b.forward_ms, b.backward_ms, b.comm_wait_ms,
-                  b.optimizer_ms, b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
+                  interval_ms / steps);
+      if (b.phase_timed_steps > 0)
+        std::printf("(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
+                    b.forward_ms, b.backward_ms, b.comm_wait_ms, b.optimizer_ms,
+                    b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
+      else
+        std::printf("(CUDA graph replays; data wait %.2f)", b.data_wait_ms);
       if (config.precision == "fp16")
         std::printf(", loss scale %g, skipped %lld", loss_scale(),
                     static_cast<long long>(skipped_total));
@@ -922,6 +931,7 @@ struct Trainer::Impl {
         if (!sync) continue;
         ++global_step;
         ++times.steps;
+        if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
         const bool last_of_epoch =
             step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;

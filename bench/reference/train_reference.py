@@ -8,9 +8,16 @@ that only the training step is timed.
 Prints one JSON line: ms_per_step, samples_per_s (CUDA-event timing over --steps after --warmup).
 With --epochs N it trains N epochs (shuffled, every sample once) instead and reports wall time
 and test accuracy, as hpc_train's whole job does.
+
+Started by torch.distributed.run (at any --nproc_per_node) it is the PyTorch DDP reference:
+one process per GPU, NCCL, DistributedDataParallel with its default 25 MiB buckets
+(gradient_as_bucket_view), --batch per GPU, each rank drawing its own batches; rank 0 prints the global samples/s, timed by
+the slowest rank:
+    python3 -m torch.distributed.run --nproc_per_node 4 train_reference.py --dataset ... --batch 256
 """
 import argparse
 import json
+import os
 import time
 
 import h5py
@@ -40,8 +47,16 @@ def main():
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
-    device = torch.device("cuda")
+    distributed = "LOCAL_RANK" in os.environ  # started by torch.distributed.run
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if distributed and args.epochs > 0:
+        parser.error("--epochs runs on one GPU; the DDP reference times --steps")
+    if distributed:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.distributed.init_process_group("nccl")
+    torch.manual_seed(args.seed)  # the same initial weights on every rank, as DDP expects
+    device = torch.device("cuda", torch.cuda.current_device())
     torch.backends.cudnn.benchmark = True
 
     images, labels, attrs = load(args.dataset, "train")
@@ -51,6 +66,9 @@ def main():
     std = torch.tensor(np.asarray(attrs["std"]), device=device).view(1, -1, 1, 1)
     model = build(args.model, channels, height, width, int(attrs["num_classes"])).to(device)
     model = model.to(memory_format=torch.channels_last)
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index], gradient_as_bucket_view=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.01, fused=True)
     dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
@@ -86,11 +104,14 @@ def main():
                           "wall_s": wall_s, "test_accuracy": correct / len(test_labels)}))
         return
 
-    batches = [torch.randint(0, n, (args.batch,), device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed + rank)
+    batches = [torch.randint(0, n, (args.batch,), device=device, generator=generator)
                for _ in range(args.warmup + args.steps)]
     for i in range(args.warmup):
         step(batches[i])
     torch.cuda.synchronize()
+    if distributed:
+        torch.distributed.barrier()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     for i in range(args.steps):
@@ -98,9 +119,16 @@ def main():
     end.record()
     torch.cuda.synchronize()
     ms = begin.elapsed_time(end) / args.steps
-    print(json.dumps({"framework": "pytorch", "model": args.model, "batch": args.batch,
-                      "precision": args.precision, "ms_per_step": ms,
-                      "samples_per_s": args.batch * 1e3 / ms}))
+    if distributed:
+        slowest = torch.tensor([ms], device=device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        ms = float(slowest)
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"framework": "pytorch-ddp" if distributed else "pytorch",
+                          "model": args.model, "batch": args.batch, "world_size": world,
+                          "precision": args.precision, "ms_per_step": ms,
+                          "samples_per_s": args.batch * world * 1e3 / ms}))
 
 
 if __name__ == "__main__":

@@ -57,10 +57,9 @@ struct MemoryBytes {
 };
 
 // Where a step's time goes, per optimizer step, averaged over the run (milliseconds), and what
-// the gradient collectives moved.
-// Averages per optimizer step. The phases (forward to optimizer) and the communication figures
-// are timed on the host, so only in eager steps: a step replayed from a CUDA graph runs as one
-// launch. They average over phase_timed_steps; data_wait_ms over every step.
+// the gradient collectives moved. The phases (forward to optimizer) and the communication
+// figures are timed on the host, so only in eager steps (a step replayed from a CUDA graph is
+// one launch): they average over phase_timed_steps, data_wait_ms over every step.
 struct StepBreakdown {
   int64_t phase_timed_steps = 0;  // the eager steps the phases were timed in
   double data_wait_ms = 0.0;   // blocked on the loader

@@ -11,8 +11,8 @@ and test accuracy, as hpc_train's whole job does.
 
 Started by torch.distributed.run (at any --nproc_per_node) it is the PyTorch DDP reference:
 one process per GPU, NCCL, DistributedDataParallel with its default 25 MiB buckets
-(gradient_as_bucket_view), --batch per GPU, each rank drawing its own batches; rank 0 prints the global samples/s, timed by
-the slowest rank:
+(gradient_as_bucket_view), --batch per GPU, each rank drawing its own batches; rank 0 prints
+the global samples/s, timed by the slowest rank:
     python3 -m torch.distributed.run --nproc_per_node 4 train_reference.py --dataset ... --batch 256
 """
 import argparse

@@ -115,6 +115,11 @@ std::string find_inconsistency(const Checkpoint& checkpoint) {
              " " + format_shape(tensor.shape) + " needs " +
              std::to_string(elements * element_bytes);
   }
+  const TrainingPosition& p = checkpoint.position;
+  if (checkpoint.format_version >= 2 && (p.samples_in_epoch < 0 || p.micro_batch < 1 || p.grad_accum < 1))
+    return "/training: samples_in_epoch " + std::to_string(p.samples_in_epoch) + ", micro_batch " +
+           std::to_string(p.micro_batch) + ", grad_accum " + std::to_string(p.grad_accum) +
+           ": want >= 0, >= 1 and >= 1";
   if (checkpoint.exp_avg.size() != checkpoint.master.size() ||
       checkpoint.exp_avg_sq.size() != checkpoint.master.size())
     return "the optimizer arrays differ in length: master " +
@@ -411,6 +416,9 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
       writer.integer_attribute(training.get(), "micro_steps_in_epoch",
                                c.position.micro_steps_in_epoch);
       writer.integer_attribute(training.get(), "skipped_steps", c.position.skipped_steps);
+      writer.integer_attribute(training.get(), "samples_in_epoch", c.position.samples_in_epoch);
+      writer.integer_attribute(training.get(), "micro_batch", c.position.micro_batch);
+      writer.integer_attribute(training.get(), "grad_accum", c.position.grad_accum);
       {
         const h5::Type type = string_type(c.config_ini.size());
         const h5::Dataspace space = string_space(c.config_ini);
@@ -427,6 +435,7 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
 
       const h5::Group scaler = writer.group(root.get(), "loss_scaler");
       writer.integer_attribute(scaler.get(), "enabled", c.has_loss_scaler ? 1 : 0);
+      writer.integer_attribute(scaler.get(), "dynamic", c.loss_scaler_dynamic ? 1 : 0);
       writer.float_attribute(scaler.get(), "scale", c.loss_scaler.scale);
       writer.integer_attribute(scaler.get(), "hysteresis_left", c.loss_scaler.hysteresis_left);
       writer.integer_attribute(scaler.get(), "steps", c.loss_scaler.steps);
@@ -642,10 +651,13 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
     throw DataError("not an hpc_train checkpoint: its format is \"" + format + "\", not \"" +
                     kFormatName + "\"");
   c.format_version = reader.small_integer(root.get(), "/", "format_version");
-  if (c.format_version != kCheckpointFormatVersion)
+  if (c.format_version < kOldestReadableCheckpointFormatVersion ||
+      c.format_version > kCheckpointFormatVersion)
     throw DataError("format_version " + std::to_string(c.format_version) +
-                    " is not the one this program reads (" +
+                    " is not one this program reads (" +
+                    std::to_string(kOldestReadableCheckpointFormatVersion) + " to " +
                     std::to_string(kCheckpointFormatVersion) + ")");
+  const bool version1 = c.format_version == 1;
   c.model = reader.string(root.get(), "/", "model");
   c.precision = reader.string(root.get(), "/", "precision");
   c.channels = reader.integer(root.get(), "/", "channels");
@@ -698,6 +710,11 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
     c.position.micro_steps_in_epoch =
         reader.integer(training.get(), "/training", "micro_steps_in_epoch");
     c.position.skipped_steps = reader.integer(training.get(), "/training", "skipped_steps");
+    // Version 1 did not record them (checkpoint.h says what stands in for them).
+    c.position.samples_in_epoch =
+        version1 ? -1 : reader.integer(training.get(), "/training", "samples_in_epoch");
+    c.position.micro_batch = version1 ? 0 : reader.integer(training.get(), "/training", "micro_batch");
+    c.position.grad_accum = version1 ? 0 : reader.integer(training.get(), "/training", "grad_accum");
     c.config_ini = reader.text(training.get(), "/training", "config_ini");
     const h5::Dataset rng = reader.dataset(training.get(), "/training", "rng_state");
     h5::Type type(H5_CHECK(H5Dget_type(rng.get())));
@@ -710,6 +727,8 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
   {
     const h5::Group scaler = reader.group(file, "/loss_scaler");
     c.has_loss_scaler = reader.integer(scaler.get(), "/loss_scaler", "enabled") != 0;
+    c.loss_scaler_dynamic =
+        version1 ? c.has_loss_scaler : reader.integer(scaler.get(), "/loss_scaler", "dynamic") != 0;
     c.loss_scaler.scale = reader.real(scaler.get(), "/loss_scaler", "scale");
     c.loss_scaler.hysteresis_left =
         reader.small_integer(scaler.get(), "/loss_scaler", "hysteresis_left");
@@ -724,6 +743,13 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
 }
 
 }  // namespace
+
+bool continues_loss_scaler(const Checkpoint& checkpoint,
+                           const std::optional<LossScalerOptions>& run_scaling) {
+  const bool run_dynamic = run_scaling && run_scaling->fixed_scale <= 0;
+  return run_dynamic && checkpoint.precision == "fp16" && checkpoint.has_loss_scaler &&
+         checkpoint.loss_scaler_dynamic;
+}
 
 void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint) {
   write_checkpoint(comm, path, checkpoint, CheckpointWriteMode::kAuto);

@@ -101,9 +101,10 @@ Checkpoint realistic_checkpoint(uint64_t seed, size_t optimizer_elements = kOpti
   c.config_ini =
       "# hpc_train resolved configuration\n[data]\ndataset = data/fashion mnist.h5\n\n[train]\n"
       "lr = 0.001\nnote = caf\xc3\xa9 \xe2\x9c\x93\n\n";
-  c.position = {12345, 49380, 3, 1234, 17};
+  c.position = {12345, 49380, 3, 1234, 17, 1234 * 16 * 3, 16, 4};
   c.optimizer_steps = 12328;
   c.has_loss_scaler = true;
+  c.loss_scaler_dynamic = true;
   c.loss_scaler = {32768.0, 1, 12345, 12001, 17};
   c.rng_state = random_bytes(rng, 5056);
   for (size_t i : {size_t{0}, size_t{1}, size_t{100}, size_t{2500}, size_t{5055}})
@@ -163,6 +164,10 @@ void expect_bitwise_equal(const Checkpoint& actual, const Checkpoint& expected) 
   EXPECT_EQ(actual.position.epoch, expected.position.epoch);
   EXPECT_EQ(actual.position.micro_steps_in_epoch, expected.position.micro_steps_in_epoch);
   EXPECT_EQ(actual.position.skipped_steps, expected.position.skipped_steps);
+  EXPECT_EQ(actual.position.samples_in_epoch, expected.position.samples_in_epoch);
+  EXPECT_EQ(actual.position.micro_batch, expected.position.micro_batch);
+  EXPECT_EQ(actual.position.grad_accum, expected.position.grad_accum);
+  EXPECT_EQ(actual.loss_scaler_dynamic, expected.loss_scaler_dynamic);
   EXPECT_EQ(actual.optimizer_steps, expected.optimizer_steps);
   EXPECT_EQ(actual.has_loss_scaler, expected.has_loss_scaler);
   EXPECT_EQ(actual.loss_scaler.scale, expected.loss_scaler.scale);
@@ -317,9 +322,13 @@ TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousFileAndNoTemporary) {
   bad.model_state[2].name = "bn1/bias";
   expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); }, {path, "bn1/bias"});
   bad = realistic_checkpoint(3);
-  bad.format_version = 2;
+  bad.format_version = 1;  // readable, but no longer written
   expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
-                      {path, "format_version 2"});
+                      {path, "format_version 1"});
+  bad = realistic_checkpoint(3);
+  bad.position.micro_batch = 0;
+  expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
+                      {path, "micro_batch 0"});
   bad = realistic_checkpoint(3);
   bad.exp_avg.pop_back();
   expect_error<Error>([&] { write_checkpoint(MPI_COMM_WORLD, path, bad); },
@@ -506,14 +515,14 @@ TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
   });
   expect_data_error(other_format, {"not an hpc_train checkpoint", "\"something\""});
 
-  const std::string version = copy("version-2.h5");
+  const std::string version = copy("version-3.h5");
   edit_file(version, [](hid_t file) {
     const hid_t attribute = H5Aopen(file, "format_version", H5P_DEFAULT);
-    const int64_t two = 2;
-    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &two), 0);
+    const int64_t three = 3;
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &three), 0);
     H5Aclose(attribute);
   });
-  expect_data_error(version, {"format_version 2", "(1)"});
+  expect_data_error(version, {"format_version 3", "(1 to 2)"});
 
   const std::string no_epoch = copy("no-epoch.h5");
   edit_file(no_epoch, [](hid_t file) {
@@ -565,6 +574,39 @@ TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
   expect_data_error(flipped, {"/optimizer/master is corrupt", "crc32"});
 }
 
+// A version 1 file (written before the resume position and the scaler's kind were recorded)
+// still reads, with what checkpoint.h says stands in for the missing attributes.
+TEST_F(CheckpointTest, Version1FilesReadWithTheirUnknownsMarked) {
+  const std::string path = own("version-1.h5");
+  Checkpoint written = realistic_checkpoint(5);
+  write_checkpoint(MPI_COMM_SELF, path, written);
+  edit_file(path, [](hid_t file) {
+    const hid_t attribute = H5Aopen(file, "format_version", H5P_DEFAULT);
+    const int64_t one = 1;
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &one), 0);
+    H5Aclose(attribute);
+    for (const char* name : {"samples_in_epoch", "micro_batch", "grad_accum"})
+      ASSERT_GE(H5Adelete_by_name(file, "training", name, H5P_DEFAULT), 0);
+    ASSERT_GE(H5Adelete_by_name(file, "loss_scaler", "dynamic", H5P_DEFAULT), 0);
+  });
+  const Checkpoint read = read_checkpoint(path);
+  EXPECT_EQ(read.format_version, 1);
+  EXPECT_EQ(read.position.samples_in_epoch, -1);
+  EXPECT_EQ(read.position.micro_batch, 0);
+  EXPECT_EQ(read.position.grad_accum, 0);
+  EXPECT_EQ(read.position.micro_steps_in_epoch, written.position.micro_steps_in_epoch);
+  EXPECT_TRUE(read.loss_scaler_dynamic);  // version 1 restored any saved scaler
+  expect_same_floats(read.master, written.master, "master");
+
+  // The same attributes missing from a version 2 file are an error naming them.
+  const std::string incomplete = own("version-2-incomplete.h5");
+  write_checkpoint(MPI_COMM_SELF, incomplete, written);
+  edit_file(incomplete, [](hid_t file) {
+    ASSERT_GE(H5Adelete_by_name(file, "training", "samples_in_epoch", H5P_DEFAULT), 0);
+  });
+  expect_error<DataError>([&] { read_checkpoint(incomplete); }, {incomplete, "samples_in_epoch"});
+}
+
 TEST_F(CheckpointTest, WeightsExportHoldsTheModelAndItsMetadata) {
   const Checkpoint c = realistic_checkpoint(9);
   const std::string path = own("weights.safetensors");
@@ -591,3 +633,29 @@ TEST_F(CheckpointTest, WeightsExportHoldsTheModelAndItsMetadata) {
 }
 
 }  // namespace
+
+// Note [Scaler on resume]
+TEST(ContinuesLossScaler, OnlyDynamicFp16IntoDynamicFp16) {
+  LossScalerOptions dynamic;
+  LossScalerOptions fixed;
+  fixed.fixed_scale = 128;
+  LossScalerOptions other_fixed;
+  other_fixed.fixed_scale = 256;
+  auto saved = [](const std::string& precision, bool has_scaler, bool is_dynamic) {
+    Checkpoint c;
+    c.precision = precision;
+    c.has_loss_scaler = has_scaler;
+    c.loss_scaler_dynamic = is_dynamic;
+    c.loss_scaler.scale = 1024;
+    return c;
+  };
+  const std::optional<LossScalerOptions> none;  // a bf16 or fp32 run
+  EXPECT_TRUE(continues_loss_scaler(saved("fp16", true, true), dynamic));
+  EXPECT_FALSE(continues_loss_scaler(saved("fp16", true, true), none)) << "fp16 -> bf16";
+  EXPECT_FALSE(continues_loss_scaler(saved("bf16", false, false), dynamic)) << "bf16 -> fp16";
+  EXPECT_FALSE(continues_loss_scaler(saved("fp32", false, false), dynamic)) << "fp32 -> fp16";
+  EXPECT_FALSE(continues_loss_scaler(saved("fp16", true, true), fixed)) << "dynamic -> fixed";
+  EXPECT_FALSE(continues_loss_scaler(saved("fp16", true, false), dynamic)) << "fixed -> dynamic";
+  EXPECT_FALSE(continues_loss_scaler(saved("fp16", true, false), other_fixed)) << "fixed 128 -> 256";
+  EXPECT_FALSE(continues_loss_scaler(saved("fp16", true, false), fixed)) << "fixed: the run's own";
+}

@@ -184,3 +184,58 @@ TEST(EpochPlan, BatchesPerEpoch) {
   EXPECT_EQ(batches_per_epoch(1, 64), 1);
   EXPECT_THROW(batches_per_epoch(10, 0), Error);
 }
+
+// Note [Resume position]: resuming at the position the ranks had reached continues exactly the
+// plan's tail at the same world size, and covers the permutation's remaining positions at any other.
+TEST(EpochPlan, ResumeAtTheSameWorldSizeIsTheTailOfThePlan) {
+  for (EpochTail tail : {EpochTail::kPad, EpochTail::kDrop})
+    for (int world : {1, 2, 3, 4})
+      for (int64_t n : {int64_t{7}, int64_t{64}, int64_t{101}})
+        for (int64_t consumed_per_rank : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+          for (int rank = 0; rank < world; ++rank) {
+            const std::vector<int64_t> whole = rank_epoch_indices(9, 2, n, world, rank, tail, true);
+            if (consumed_per_rank > static_cast<int64_t>(whole.size())) continue;
+            const std::vector<int64_t> resumed = rank_epoch_indices(
+                9, 2, n, world, rank, tail, true, consumed_per_rank * world);
+            EXPECT_EQ(resumed, std::vector<int64_t>(whole.begin() + consumed_per_rank, whole.end()))
+                << "n " << n << ", world " << world << ", rank " << rank << ", consumed "
+                << consumed_per_rank;
+          }
+        }
+}
+
+TEST(EpochPlan, ResumeAtAnotherWorldSizeContinuesTheSameGlobalBatches) {
+  // 4 ranks x 16 consumed 5 micro-steps (320 positions); 2 ranks x 16 x 2 micro-steps and
+  // 1 rank x 64 then take, optimizer step by optimizer step, the positions the 4 ranks would have.
+  const int64_t n = 1000;
+  const int64_t consumed = 5 * 16 * 4;
+  auto global_steps = [&](int world, int64_t micro_batch, int64_t accum, int64_t first_position) {
+    std::vector<std::vector<int64_t>> per_rank;
+    for (int rank = 0; rank < world; ++rank)
+      per_rank.push_back(rank_epoch_indices(9, 0, n, world, rank, EpochTail::kDrop, true,
+                                            first_position));
+    std::vector<std::multiset<int64_t>> steps;
+    const int64_t per_step = micro_batch * accum;
+    for (size_t begin = 0; begin + per_step <= per_rank[0].size(); begin += per_step) {
+      std::multiset<int64_t> step;
+      for (const auto& mine : per_rank) step.insert(mine.begin() + begin, mine.begin() + begin + per_step);
+      steps.push_back(std::move(step));
+    }
+    return steps;
+  };
+  std::vector<std::multiset<int64_t>> straight = global_steps(4, 16, 1, 0);
+  straight.erase(straight.begin(), straight.begin() + 5);
+  EXPECT_EQ(global_steps(2, 16, 2, consumed), straight);
+  EXPECT_EQ(global_steps(1, 64, 1, consumed), straight);
+  // And together with the consumed head, every sample once.
+  std::vector<int64_t> seen = epoch_permutation(9, 0, n);
+  seen.resize(consumed);
+  for (int rank = 0; rank < 3; ++rank)
+    for (int64_t index : rank_epoch_indices(9, 0, n, 3, rank, EpochTail::kPad, true, consumed))
+      seen.push_back(index);
+  std::multiset<int64_t> counts(seen.begin(), seen.end());
+  for (int64_t i = 0; i < n; ++i) EXPECT_GE(counts.count(i), 1u) << i;
+  EXPECT_EQ(seen.size(), static_cast<size_t>(consumed + (n - consumed + 2) / 3 * 3));
+  EXPECT_TRUE(rank_epoch_indices(9, 0, n, 3, 1, EpochTail::kPad, true, n).empty());
+  EXPECT_THROW(rank_epoch_indices(9, 0, n, 3, 1, EpochTail::kPad, true, -1), Error);
+}

@@ -2,7 +2,7 @@
 // can continue from, and the model's weights exported as safetensors. No LibTorch here: the
 // trainer converts tensors to and from these plain structs.
 //
-// Layout of a checkpoint file (format_version 1). Numbers are little-endian; strings are
+// Layout of a checkpoint file (format_version 2; version 1 files are still read, see below). Numbers are little-endian; strings are
 // fixed-length (exactly their bytes, no terminator; an empty one has a null dataspace), which a
 // collective MPI-IO write allows and which h5py reads as bytes. Metadata is written at HDF5 1.8's format version (superblock 2,
 // object headers 2), so every HDF5 from 1.8 on reads it and the metadata is checksummed.
@@ -19,11 +19,18 @@
 //   /optimizer/exp_avg     no padding), so that the file does not depend on the world size or
 //   /optimizer/exp_avg_sq  the ZeRO stage that wrote it
 //   /training              attributes global_step, micro_step, epoch, micro_steps_in_epoch,
-//                          skipped_steps (64-bit integers)
+//                          skipped_steps, samples_in_epoch, micro_batch, grad_accum (64-bit
+//                          integers; the last three since version 2)
 //   /training/config_ini   a string dataset: the resolved configuration, byte for byte
 //   /training/rng_state    1-D unsigned 8-bit integers, opaque (may hold 0 elements)
-//   /loss_scaler           attributes enabled (0 or 1), scale (64-bit float), hysteresis_left,
-//                          steps, last_overflow_step, skipped_steps (64-bit integers)
+//   /loss_scaler           attributes enabled (0 or 1), dynamic (0 or 1, since version 2), scale
+//                          (64-bit float), hysteresis_left, steps, last_overflow_step,
+//                          skipped_steps (64-bit integers)
+//
+// A version 1 file lacks the attributes that version 2 added; read_checkpoint fills them as
+// version 1 runs behaved: samples_in_epoch = -1 and micro_batch = grad_accum = 0 (unknown: the
+// trainer then assumes the saving run's micro-batch and accumulation were its own), dynamic =
+// enabled (version 1 restored any saved scaler).
 //
 // Every dataset has an attribute crc32 (unsigned 32-bit: zlib's CRC-32 of the dataset's bytes as
 // stored, little-endian): HDF5 checksums its metadata but not the data, and a flipped bit in the
@@ -46,7 +53,8 @@
 
 namespace hpc_train {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestReadableCheckpointFormatVersion = 1;
 
 // One tensor of the model's state_dict (parameters and buffers), under PyTorch's name.
 struct CheckpointTensor {
@@ -56,13 +64,22 @@ struct CheckpointTensor {
   std::vector<uint8_t> data;   // little-endian, row-major
 };
 
-// Where training stands.
+// Where training stands. Note [Resume position]: what is the same at every world size,
+// micro-batch and accumulation is how far into the epoch's permutation (epoch_plan.h) training
+// got: micro-step j of every rank covers positions [j*b*W, (j+1)*b*W) of it, so after m
+// micro-steps the ranks together have consumed its first samples_in_epoch = m*b*W positions.
+// A resume at any other W', b' continues at that position (rank_epoch_indices' first_position);
+// checkpoints fall on optimizer-step boundaries, so its first update is a whole one.
 struct TrainingPosition {
   int64_t global_step = 0;           // optimizer steps taken or skipped
   int64_t micro_step = 0;            // micro-batches over the whole run
   int64_t epoch = 0;                 // 0-based epoch in progress (or the next one, at an epoch end)
-  int64_t micro_steps_in_epoch = 0;  // micro-batches of `epoch` already consumed
+  int64_t micro_steps_in_epoch = 0;  // micro-batches of `epoch` this rank consumed (at micro_batch)
   int64_t skipped_steps = 0;         // fp16 overflows so far
+  int64_t samples_in_epoch = 0;      // positions of `epoch`'s permutation consumed by all ranks;
+                                     // -1: unknown (a version 1 file)
+  int64_t micro_batch = 1;           // of the run that saved it; 0: unknown (version 1)
+  int64_t grad_accum = 1;            // likewise
 };
 
 struct Checkpoint {
@@ -76,6 +93,7 @@ struct Checkpoint {
   TrainingPosition position;
   int64_t optimizer_steps = 0;   // Adam's step count (bias correction)
   bool has_loss_scaler = false;  // fp16
+  bool loss_scaler_dynamic = false;  // the saved scaler was a dynamic one (not --loss-scale N)
   LossScalerState loss_scaler;
   std::vector<uint8_t> rng_state;             // opaque (LibTorch generator state); may be empty
   std::vector<CheckpointTensor> model_state;  // state_dict order
@@ -122,6 +140,14 @@ void check_checkpoint_fits(
     int64_t channels, int64_t height, int64_t width, int64_t num_classes,
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected,
     int64_t expected_numel);
+
+// Note [Scaler on resume]: a checkpoint's loss-scaler state continues only a run that scales the
+// same way: both fp16 with dynamic scaling. Anything else (fp16 -> bf16, bf16 -> fp16,
+// fp32 -> fp16, a fixed --loss-scale on either side, or a changed one) starts the scaler the run's
+// own configuration asks for; a bf16 or fp32 run then has no scale at all (1), on the CPU and
+// the GPU alike. `run_scaling`: the run's fp16 scaling, absent for bf16 and fp32.
+bool continues_loss_scaler(const Checkpoint& checkpoint,
+                           const std::optional<LossScalerOptions>& run_scaling);
 
 // <run_dir>/checkpoints and the name of the checkpoint of a step in it ("step-00001234.h5",
 // zero-padded so that names sort by step up to 10^8 - 1; readers order by the number anyway).

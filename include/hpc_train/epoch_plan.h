@@ -26,9 +26,14 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t dat
 // Number of samples rank `rank` gets.
 int64_t samples_for_rank(int64_t dataset_size, int world_size, int rank, EpochTail tail);
 
-// The dataset indices rank `rank` visits in this epoch, in order.
+// The dataset indices rank `rank` visits in this epoch, in order. `first_position` > 0 resumes
+// the epoch (Note [Resume position] in checkpoint.h): the permutation's positions before it were
+// consumed already, possibly at another world size; the rest, from first_position on, is padded
+// or cut to a multiple of this world size and split rank-strided as above. At the world size
+// that consumed them (first_position a multiple of it), that is exactly the tail of the plan.
 std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t dataset_size,
-                                        int world_size, int rank, EpochTail tail, bool shuffle);
+                                        int world_size, int rank, EpochTail tail, bool shuffle,
+                                        int64_t first_position = 0);
 
 // Batches of `batch_size` out of `count` samples, the last one partial (DataLoader's default).
 int64_t batches_per_epoch(int64_t count, int64_t batch_size);

@@ -1,5 +1,6 @@
 #include "hpc_train/epoch_plan.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -109,8 +110,11 @@ int64_t samples_for_rank(int64_t dataset_size, int world_size, int rank, EpochTa
 }
 
 std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t dataset_size,
-                                        int world_size, int rank, EpochTail tail, bool shuffle) {
+                                        int world_size, int rank, EpochTail tail, bool shuffle,
+                                        int64_t first_position) {
   check_arguments(dataset_size, world_size, rank);
+  if (first_position < 0)
+    throw Error("epoch plan: first position " + std::to_string(first_position) + " < 0");
   std::vector<int64_t> order;
   if (shuffle) {
     order = epoch_permutation(seed, epoch, dataset_size);
@@ -121,11 +125,13 @@ std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t da
   // Padding repeats the sequence from its head, wrapping as often as needed (torch's
   // DistributedSampler: whole copies when the padding exceeds the dataset). Nothing to pad an
   // empty dataset with, so it stays empty.
-  const int64_t length = dataset_size == 0 ? 0 : epoch_length(dataset_size, world_size, tail);
+  // A resumed epoch pads or cuts what is left of the dataset after first_position.
+  const int64_t left = std::max<int64_t>(0, dataset_size - first_position);
+  const int64_t length = left == 0 ? 0 : epoch_length(left, world_size, tail);
   std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(samples_for_rank(dataset_size, world_size, rank, tail)));
+  mine.reserve(static_cast<size_t>(length / world_size + 1));
   for (int64_t position = rank; position < length; position += world_size)
-    mine.push_back(order[static_cast<size_t>(position % dataset_size)]);
+    mine.push_back(order[static_cast<size_t>((first_position + position) % dataset_size)]);
   return mine;
 }
 

@@ -87,7 +87,7 @@ Checkpoint expected_checkpoint(int64_t step, const InputShape& in) {
   c.zero_stage = 2;
   c.world_size = 1;
   c.config_ini = "[train]\nstep = " + std::to_string(step) + "\n";
-  c.position = {step, 4 * step, step / 10, 4 * step % 40, step / 7};
+  c.position = {step, 4 * step, step / 10, 4 * step % 40, step / 7, 4 * step % 40 * 8, 8, 1};
   c.optimizer_steps = step - step / 7;
   c.has_loss_scaler = true;
   c.loss_scaler = {65536.0 / static_cast<double>(1 + step % 3), 1, step, step / 2, step / 7};
@@ -126,9 +126,13 @@ std::string first_difference(const Checkpoint& actual, const Checkpoint& expecte
       {"config_ini", actual.config_ini == expected.config_ini},
       {"position", a.global_step == e.global_step && a.micro_step == e.micro_step &&
                        a.epoch == e.epoch && a.micro_steps_in_epoch == e.micro_steps_in_epoch &&
-                       a.skipped_steps == e.skipped_steps},
+                       a.skipped_steps == e.skipped_steps &&
+                       a.samples_in_epoch == e.samples_in_epoch &&
+                       a.micro_batch == e.micro_batch && a.grad_accum == e.grad_accum},
       {"optimizer_steps", actual.optimizer_steps == expected.optimizer_steps},
-      {"loss scaler", actual.has_loss_scaler == expected.has_loss_scaler && as.scale == es.scale &&
+      {"loss scaler", actual.has_loss_scaler == expected.has_loss_scaler &&
+                          actual.loss_scaler_dynamic == expected.loss_scaler_dynamic &&
+                          as.scale == es.scale &&
                           as.hysteresis_left == es.hysteresis_left && as.steps == es.steps &&
                           as.last_overflow_step == es.last_overflow_step &&
                           as.skipped_steps == es.skipped_steps},

@@ -20,8 +20,6 @@
 namespace hpc_train {
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-
 std::string format_number(double value) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", value);
@@ -30,8 +28,7 @@ std::string format_number(double value) {
 
 }  // namespace
 
-LrSchedule::LrSchedule(const LrScheduleOptions& options) : options_(options) {
-  const LrScheduleOptions& o = options_;
+LrSchedule::LrSchedule(const LrScheduleOptions& o) {
   if (o.kind != "constant" && o.kind != "warmup" && o.kind != "warmup-cosine") {
     throw ConfigError("--lr-schedule '" + o.kind + "': must be constant, warmup or warmup-cosine");
   }
@@ -64,32 +61,15 @@ LrSchedule::LrSchedule(const LrScheduleOptions& options) : options_(options) {
                         std::to_string(o.warmup_steps));
     }
   }
-}
-
-double LrSchedule::lr_at(int64_t step) const {
-  const LrScheduleOptions& o = options_;
-  if (o.kind == "constant") return o.lr;
-  if (step < 0) step = 0;  // before the first step: the first step's lr
-
-  if (step < o.warmup_steps) {
-    // step < warmup_steps, so warmup_steps >= 2 whenever step >= 1, and log(warmup_steps) > 0;
-    // on step 0 both forms give 0 (log(1) = 0), which also covers warmup_steps = 1.
-    double gamma = 0.0;
-    if (step > 0) {
-      gamma = o.warmup_type == "linear"
-                  ? static_cast<double>(step) / static_cast<double>(o.warmup_steps)
-                  : std::log(static_cast<double>(step) + 1) /
-                        std::log(static_cast<double>(o.warmup_steps));
-    }
-    return o.lr * (o.warmup_start_ratio + (1 - o.warmup_start_ratio) * gamma);
-  }
-  if (o.kind == "warmup") return o.lr;
-
-  if (step >= o.total_steps) return o.lr * o.cosine_final_ratio;
-  const double progress = static_cast<double>(step - o.warmup_steps) /
-                          static_cast<double>(o.total_steps - o.warmup_steps);
-  const double cosine = 0.5 * (1 + std::cos(kPi * progress));
-  return o.lr * (o.cosine_final_ratio + (1 - o.cosine_final_ratio) * cosine);
+  params_.kind = o.kind == "constant" ? LrScheduleKind::kConstant
+                 : o.kind == "warmup" ? LrScheduleKind::kWarmup
+                                      : LrScheduleKind::kWarmupCosine;
+  params_.warmup_type = o.warmup_type == "linear" ? WarmupType::kLinear : WarmupType::kLog;
+  params_.lr = o.lr;
+  params_.warmup_steps = o.warmup_steps;
+  params_.warmup_start_ratio = o.warmup_start_ratio;
+  params_.cosine_final_ratio = o.cosine_final_ratio;
+  params_.total_steps = o.total_steps;
 }
 
 }  // namespace hpc_train

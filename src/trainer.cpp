@@ -622,7 +622,9 @@ struct Trainer::Impl {
       flat.zero_grads();
       if (!buckets_rebuilt) skipped = optimizer->read_device_report().last_overflow;
     } else {
-      const StepOutcome outcome = optimizer->step(schedule->lr_at(step), loss_scale());
+      // Note [Schedule step]: skipped steps do not advance the schedule.
+      const StepOutcome outcome =
+          optimizer->step(schedule->lr_at(optimizer->steps_taken()), loss_scale());
       flat.zero_grads();
       if (scaler) {
         const double scale_before = scaler->scale();
@@ -758,7 +760,7 @@ struct Trainer::Impl {
                              {"step", global_step},
                              {"step_in_epoch", step_in_epoch + 1},
                              {"loss", loss},
-                             {"lr", schedule->lr_at(std::max<int64_t>(0, global_step - 1))},
+                             {"lr", schedule->lr_at(optimizer->steps_taken() - 1)},  // the last applied step's
                              {"samples_per_s", samples_per_s},
                              {"ms_per_step", interval_ms / steps},
                              {"buckets", reducer->num_buckets()},
@@ -844,12 +846,8 @@ struct Trainer::Impl {
     schedule_options.cosine_final_ratio = config.cosine_final_ratio;
     schedule_options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : total_steps;
     schedule.emplace(schedule_options);
-    if (device_step) {
-      // The device step reads its learning rate from a table indexed by the step it counts.
-      std::vector<double> lr_by_step(static_cast<size_t>(std::max<int64_t>(1, total_steps)));
-      for (size_t s = 0; s < lr_by_step.size(); ++s) lr_by_step[s] = schedule->lr_at(static_cast<int64_t>(s));
-      optimizer->set_lr_by_step(std::move(lr_by_step));
-    }
+    // The device step evaluates the schedule itself, at the steps it has applied.
+    if (device_step) optimizer->set_lr_schedule(schedule->params());
 
     TrainSummary summary;
     summary.world_size = comm.size();

@@ -86,15 +86,8 @@ double ZeroOptimizer::all_gather_parameters() {
   return gather.elapsed_ms();
 }
 
-void ZeroOptimizer::set_lr_by_step(std::vector<double> lr_by_step) {
-  options_.lr_by_step = std::move(lr_by_step);
-  if (on_device()) upload_lr_table();
-}
-
-void ZeroOptimizer::upload_lr_table() {
-  const std::vector<double> table =
-      options_.lr_by_step.empty() ? std::vector<double>{options_.adam.lr} : options_.lr_by_step;
-  lr_by_step_ = at::tensor(table, at::TensorOptions().dtype(at::kDouble)).to(flat_.values().device());
+void ZeroOptimizer::set_lr_schedule(const LrScheduleParams& schedule) {
+  options_.lr_schedule = schedule;
 }
 
 void ZeroOptimizer::step_on_device() {
@@ -232,6 +225,12 @@ FusedStepOptions fused_step_options(const ZeroOptions& zero) {
   options.decoupled_weight_decay = zero.adam.decoupled_weight_decay;
   options.clip_grad = zero.clip_grad;
   options.check_overflow = zero.check_overflow;
+  if (zero.lr_schedule) {
+    options.lr_schedule = *zero.lr_schedule;
+  } else {
+    options.lr_schedule.kind = LrScheduleKind::kConstant;
+    options.lr_schedule.lr = zero.adam.lr;
+  }
   if (zero.loss_scaling) {
     const LossScalerOptions& scaling = *zero.loss_scaling;
     options.loss_scaling =
@@ -264,7 +263,6 @@ void ZeroOptimizer::create_device_buffers() {
                       "overflowed step is skipped");
   const at::Device device = flat_.values().device();
   const at::TensorOptions on_gpu = at::TensorOptions().device(device);
-  upload_lr_table();
   device_state_ = at::zeros({static_cast<int64_t>(sizeof(FusedStepState))}, on_gpu.dtype(at::kByte));
   loss_scale_ = at::ones({1}, on_gpu.dtype(at::kFloat));
   sum_of_squares_ = at::zeros({1}, on_gpu.dtype(at::kDouble));
@@ -322,8 +320,7 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
   if (host_inputs) host = {host_inputs->lr, host_inputs->loss_scale};
   auto* state = reinterpret_cast<FusedStepState*>(device_state_.data_ptr());
   launch_step_bookkeeping(sum_of_squares_.data_ptr<double>(), sum_of_squares_copies,
-                          lr_by_step_.data_ptr<double>(), lr_by_step_.numel(), options,
-                          host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
+                          options, host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
                           stream);
   launch_adam_update(grads.data_ptr(), flat_.values().data_ptr(), dtype,
                      master_.defined() ? master_.data_ptr<float>() : nullptr,

@@ -329,8 +329,11 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
   state.adam_steps = uniform_int(gen, 0, 4);
   state.global_step = state.adam_steps + uniform_int(gen, 0, 3);
   state.loss_scale = loss_scale;
-  std::vector<double> lr_table;
-  for (int i = 0; i < 3; ++i) lr_table.push_back(std::pow(10.0, uniform(gen, -4, -2)));
+  // A linear warm-up still under way: each applied step changes the learning rate.
+  options.lr_schedule.kind = LrScheduleKind::kWarmup;
+  options.lr_schedule.lr = std::pow(10.0, uniform(gen, -4, -2));
+  options.lr_schedule.warmup_steps = 16;
+  options.lr_schedule.warmup_start_ratio = uniform(gen, 0.0, 0.5);
 
   // Gradients for every step up front: the clip threshold sits below the first step's norm.
   const int kSteps = 3;
@@ -359,7 +362,6 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
   at::Tensor loss_scale_out = at::zeros({1}, on_gpu(at::kFloat));
   at::Tensor sum_of_squares = at::zeros({1}, on_gpu(at::kDouble));
   at::Tensor partials = at::zeros({grid}, on_gpu(at::kDouble));
-  at::Tensor lr_by_step = at::tensor(lr_table, at::TensorOptions().dtype(at::kDouble)).to(at::Device(at::kCUDA, 0));
   at::Tensor table = at::empty({static_cast<int64_t>(layout.segments.size()), 4}, at::kLong);
   std::memcpy(table.data_ptr(), layout.segments.data(), layout.segments.size() * sizeof(FusedSegment));
   table = table.to(at::Device(at::kCUDA, 0));
@@ -383,8 +385,7 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
     auto* state_on_device = reinterpret_cast<FusedStepState*>(device_state.data_ptr());
     launch_grad_sum_of_squares(grads.data_ptr(), c.dtype, segments, num_segments, grid,
                                partials.data_ptr<double>(), sum_of_squares.data_ptr<double>(), stream);
-    launch_step_bookkeeping(sum_of_squares.data_ptr<double>(), 1.0, lr_by_step.data_ptr<double>(),
-                            lr_by_step.numel(), options, nullptr, state_on_device,
+    launch_step_bookkeeping(sum_of_squares.data_ptr<double>(), 1.0, options, nullptr, state_on_device,
                             loss_scale_out.data_ptr<float>(), stream);
     launch_adam_update(grads.data_ptr(), params.data_ptr(), c.dtype,
                        separate_master ? master.data_ptr<float>() : nullptr,
@@ -396,12 +397,13 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
     double squares = 0.0;
     for (const FusedSegment& s : layout.segments)
       for (int64_t i = 0; i < s.numel; ++i) squares += g[s.grad_offset + i] * g[s.grad_offset + i];
-    const double lr = lr_table[std::min<int64_t>(before.global_step, lr_table.size() - 1)];
+    // Note [Schedule step]: the schedule's step is the applied steps, not global_step.
+    const double lr = lr_at(options.lr_schedule, before.adam_steps);
     const ReferenceScalars scalars = reference_scalars(
         squares, loss_scale, lr, before.adam_steps + 1, options.clip_grad, adam);
     EXPECT_NEAR(host_doubles(sum_of_squares)[0], squares, kNormTolerance * squares) << "sum of squares";
     EXPECT_NEAR(after.grad_norm, scalars.grad_norm, kNormTolerance * scalars.grad_norm) << "grad norm";
-    EXPECT_EQ(after.lr, lr) << "learning rate: table index " << before.global_step;
+    EXPECT_DOUBLE_EQ(after.lr, lr) << "learning rate at applied step " << before.adam_steps;
     EXPECT_EQ(after.global_step, before.global_step + 1);
     EXPECT_EQ(after.adam_steps, before.adam_steps + 1);
     EXPECT_EQ(after.found_inf, 0);
@@ -615,9 +617,12 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
         options.adam = AdamOptions{1e-3, uniform(gen, 0.8, 0.95), uniform(gen, 0.99, 0.9995),
                                    1e-8, uniform(gen, 0.0, 0.1), decoupled};
         options.check_overflow = fp16;
-        std::vector<double> lr_table;
-        for (int i = 0; i < 4; ++i) lr_table.push_back(std::pow(10.0, uniform(gen, -4, -2)));
-        if (decoupled) options.lr_by_step = lr_table;  // else set after construction, below
+        LrScheduleParams schedule;  // a cosine from the first step, over the test's steps
+        schedule.kind = LrScheduleKind::kWarmupCosine;
+        schedule.lr = std::pow(10.0, uniform(gen, -4, -2));
+        schedule.cosine_final_ratio = 0.1;
+        schedule.total_steps = 4;
+        if (decoupled) options.lr_schedule = schedule;  // else set after construction, below
         if (fp16) {
           LossScalerOptions scaling;
           scaling.initial_scale_power = 8;
@@ -626,7 +631,7 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
         }
         const std::vector<at::Tensor> initial = random_parameters(gen, type);
         DeviceModel model(initial, options, comm_);
-        if (!decoupled) model.optimizer->set_lr_by_step(lr_table);
+        if (!decoupled) model.optimizer->set_lr_schedule(schedule);
         const int64_t numel = model.flat->numel();
         std::ostringstream label;
         label << c10::toString(type) << " stage " << stage << (decoupled ? " AdamW" : " Adam+L2")
@@ -648,13 +653,13 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
           const std::vector<double> g = host_doubles(grads);
           double squares = 0.0;
           for (double x : g) squares += x * x;
-          const double lr = lr_table[std::min<int64_t>(before.global_step, 3)];
+          const double lr = lr_at(schedule, before.adam_steps);
           const ReferenceScalars scalars = reference_scalars(squares, before.loss_scale, lr,
                                                              before.adam_steps + 1, 0.0, options.adam);
           EXPECT_FALSE(after.last_overflow) << describe_report(after);
           EXPECT_EQ(after.global_step, before.global_step + 1);
           EXPECT_EQ(after.adam_steps, before.adam_steps + 1);
-          EXPECT_EQ(after.last_lr, lr);
+          EXPECT_DOUBLE_EQ(after.last_lr, lr);
           EXPECT_NEAR(after.last_grad_norm, scalars.grad_norm, kNormTolerance * scalars.grad_norm);
           if (fp16) {
             LossScaler host(*options.loss_scaling);
@@ -741,7 +746,6 @@ TEST_F(ZeroOnDevice, HostDrivenStepEqualsTheDeviceStep) {
   options.stage = 1;
   options.adam = AdamOptions{3e-3, 0.9, 0.999, 1e-8, 0.05, true};
   options.clip_grad = 0.1;
-  options.lr_by_step = {3e-3};
   const std::vector<at::Tensor> initial = random_parameters(gen, at::kBFloat16);
   DeviceModel host_driven(initial, options, comm_);
   DeviceModel device_driven(initial, options, comm_);
@@ -877,7 +881,7 @@ TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {
   options.stage = 2;
   options.check_overflow = true;
   options.loss_scaling = scaling;
-  options.lr_by_step = {1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3};
+  options.lr_schedule = LrScheduleParams{LrScheduleKind::kWarmup, WarmupType::kLinear, 6e-3, 6, 1.0 / 6};
   const std::vector<at::Tensor> initial = random_parameters(gen, at::kHalf);
   DeviceModel first(initial, options, comm_);
   for (int step = 0; step < 4; ++step) {
@@ -908,6 +912,37 @@ TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {
             describe_report(second.optimizer->read_device_report()));
 }
 
+// Note [Schedule step]: an overflowed fp16 step does not advance the schedule (DeepSpeed steps its
+// scheduler only after a step that was taken).
+TEST_F(ZeroOnDevice, SkippedStepsDoNotAdvanceTheSchedule) {
+  std::mt19937_64 gen = generator_for(10);
+  LossScalerOptions scaling;
+  scaling.initial_scale_power = 6;
+  ZeroOptions options;
+  options.stage = 0;
+  options.check_overflow = true;
+  options.loss_scaling = scaling;
+  options.lr_schedule = LrScheduleParams{LrScheduleKind::kWarmup, WarmupType::kLinear, 1e-3, 10, 0.0};
+  const std::vector<at::Tensor> initial = random_parameters(gen, at::kHalf);
+  DeviceModel model(initial, options, comm_);
+  const int64_t numel = model.flat->numel();
+  const bool overflow_at[] = {false, true, true, false, false};
+  int64_t applied = 0;
+  for (bool overflow : overflow_at) {
+    at::Tensor g = (at::randn({numel}, on_gpu(at::kFloat)) * 1e-2).to(at::kHalf);
+    if (overflow) g[uniform_int(gen, 0, numel - 1)] = INFINITY;
+    model.set_gradients(g);
+    model.optimizer->step_on_device();
+    const DeviceStepReport report = model.optimizer->read_device_report();
+    ASSERT_EQ(report.last_overflow, overflow) << describe_report(report);
+    if (overflow) continue;
+    EXPECT_DOUBLE_EQ(report.last_lr, lr_at(*options.lr_schedule, applied))
+        << "global step " << report.global_step << ", " << applied << " applied before it";
+    ++applied;
+  }
+  EXPECT_EQ(model.optimizer->read_device_report().adam_steps, 3);
+}
+
 TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
   // The whole step_on_device captured once and replayed: each replay must equal an eager step,
   // bit for bit, overflowed steps and loss-scale changes included.
@@ -922,7 +957,8 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
   options.clip_grad = 0.05;
   options.check_overflow = true;
   options.loss_scaling = scaling;
-  options.lr_by_step = {1e-3, 8e-4, 6e-4, 4e-4};
+  options.lr_schedule =
+      LrScheduleParams{LrScheduleKind::kWarmupCosine, WarmupType::kLinear, 1e-3, 0, 0.0, 0.4, 4};
   const std::vector<at::Tensor> initial = random_parameters(gen, at::kHalf);
   DeviceModel eager(initial, options, comm_);
   DeviceModel replayed(initial, options, comm_);

@@ -6,7 +6,7 @@
 //   launch_grad_sum_of_squares  sum over the partition's segments of grad^2, into one fp64 value
 //                               (the caller all-reduces it across ranks when it must)
 //   launch_step_bookkeeping     one thread: overflow check, global norm, clip coefficient, the
-//                               learning rate from a device table, Adam's step count and bias
+//                               learning rate from the schedule (lr_schedule.h), Adam's step count and bias
 //                               corrections, the loss-scale update (Note [Device loss scaler])
 //   launch_adam_update          unscale and clip (one multiplier), Adam/AdamW on the fp32
 //                               master weights and moments, the cast to the model dtype into the
@@ -22,6 +22,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "hpc_train/lr_schedule.h"
 
 namespace hpc_train {
 
@@ -54,6 +56,7 @@ struct FusedStepOptions {
   int32_t scale_window = 1000;         // kDynamic: LossScalerOptions' meaning
   int32_t hysteresis = 2;
   double min_scale = 1.0;
+  LrScheduleParams lr_schedule;        // evaluated at the applied steps (Note [Schedule step])
 };
 
 // Note [Device loss scaler]
@@ -66,8 +69,8 @@ struct FusedStepOptions {
 //
 // All of it lives in device memory; the bookkeeping kernel reads and writes it once per step.
 struct FusedStepState {
-  int64_t global_step = 0;   // optimizer steps taken or skipped: the learning-rate table's index
-  int64_t adam_steps = 0;    // steps applied: Adam's t
+  int64_t global_step = 0;   // optimizer steps taken or skipped
+  int64_t adam_steps = 0;    // steps applied: Adam's t, and the schedule's step (before the update)
   double loss_scale = 1.0;   // what the next backward's loss is multiplied by
   int64_t scaler_steps = 0;
   int64_t last_overflow_step = -1;
@@ -105,10 +108,9 @@ void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const Fused
 
 // One step's bookkeeping from the (all-reduced) sum of squares. `sum_of_squares_copies`: how many
 // ranks' identical sums the all-reduce added (stage 0 reduces only to agree on overflow), divided
-// out; 1 otherwise. lr_by_step has lr_steps >= 1 entries (the last holds for later steps).
-// host_inputs: nullptr on the device path. Also writes the new loss scale to loss_scale_out[0].
+// out; 1 otherwise. host_inputs: nullptr on the device path (the learning rate is then
+// options.lr_schedule's at the applied steps). Also writes the new loss scale to loss_scale_out[0].
 void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares_copies,
-                             const double* lr_by_step, int64_t lr_steps,
                              const FusedStepOptions& options, const FusedHostInputs* host_inputs,
                              FusedStepState* state, float* loss_scale_out, cudaStream_t stream);
 

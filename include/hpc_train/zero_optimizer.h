@@ -16,8 +16,8 @@
 // kernels of fused_optimizer.h:
 //   step(lr, loss_scale)  the host gives the learning rate and the loss scale (a LossScaler on
 //                         the host decides) and gets a StepOutcome back: one host sync per step.
-//   step_on_device()      nothing crosses to the host: the learning rate comes from a table on
-//                         the device (ZeroOptions::lr_by_step), the fp16 loss scaler runs on the
+//   step_on_device()      nothing crosses to the host: the device evaluates the learning-rate
+//                         schedule (ZeroOptions::lr_schedule), the fp16 loss scaler runs on the
 //                         device (ZeroOptions::loss_scaling; loss_scale_tensor() is what the loss
 //                         is multiplied by), and the counters stay there until read_device_report.
 //                         With the NCCL backend the host never waits, so a whole training step
@@ -35,6 +35,7 @@
 #include "hpc_train/comm.h"
 #include "hpc_train/flat_parameters.h"
 #include "hpc_train/loss_scaler.h"
+#include "hpc_train/lr_schedule.h"
 #include "hpc_train/optimizer.h"
 #include "hpc_train/reducer.h"
 
@@ -45,9 +46,9 @@ struct ZeroOptions {
   AdamOptions adam;
   double clip_grad = 0.0;       // max global norm; 0 = off
   bool check_overflow = false;  // fp16: look for inf/nan and skip the step on every rank
-  // step_on_device only. The learning rate of each optimizer step, by global step (taken or
-  // skipped, from 0); the last entry holds for later steps. Empty: adam.lr throughout.
-  std::vector<double> lr_by_step;
+  // step_on_device only: the learning-rate schedule, evaluated at the steps applied so far
+  // (Note [Schedule step] in lr_schedule.h). Absent: adam.lr throughout.
+  std::optional<LrScheduleParams> lr_schedule;
   // step_on_device only: fp16 loss scaling kept on the GPU, with LossScaler's rules (needs
   // check_overflow). Absent: the loss scale is 1.
   std::optional<LossScalerOptions> loss_scaling;
@@ -98,9 +99,9 @@ class ZeroOptimizer {
   // GPU: the current loss scale, a 1-element fp32 tensor on the device, updated by every
   // step_on_device (multiply the loss by it: no host sync). Undefined on the CPU.
   const at::Tensor& loss_scale_tensor() const { return loss_scale_; }
-  // Replaces ZeroOptions::lr_by_step (e.g. once the schedule's length is known). GPU: an upload;
-  // not while a graph is being captured.
-  void set_lr_by_step(std::vector<double> lr_by_step);
+  // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known). Before a step is
+  // captured: a captured step keeps the schedule it was captured with.
+  void set_lr_schedule(const LrScheduleParams& schedule);
   // GPU: one small copy to the host (waits for the current stream).
   DeviceStepReport read_device_report() const;
   // GPU, for a resume: the counters and the loss scaler continue from these. After
@@ -137,7 +138,6 @@ class ZeroOptimizer {
   // the optimizer; the segment table and reduction scratch for the current layout; one step's
   // kernels and reductions, with the host's learning rate and loss scale or (nullptr) the device's.
   void create_device_buffers();
-  void upload_lr_table();
   void prepare_device_layout();
   void enqueue_device_step(const HostStepInputs* host_inputs);
 
@@ -155,7 +155,6 @@ class ZeroOptimizer {
   at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients
   at::Tensor block_partials_;  // fp64 [device_grid_blocks_]: the reduction's per-block sums
   at::Tensor segments_;        // int64 [segments, 4]: FusedSegment, this rank's partition
-  at::Tensor lr_by_step_;      // fp64
   int device_grid_blocks_ = 0;
 };
 

@@ -169,14 +169,14 @@ __device__ void update_loss_scale(FusedStepState& state, bool overflow,
 // are rounded to fp32 once, as ATen rounds adam_update's double scalars for fp32 tensors.
 __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_squares,
                                         double sum_of_squares_copies,
-                                        const double* __restrict__ lr_by_step, int64_t lr_steps,
                                         FusedStepOptions options, FusedHostInputs host_inputs,
                                         bool from_host, FusedStepState* __restrict__ state_out,
                                         float* __restrict__ loss_scale_out) {
   FusedStepState state = *state_out;
   const double squares = *sum_of_squares / sum_of_squares_copies;
   const double loss_scale = from_host ? host_inputs.loss_scale : state.loss_scale;
-  state.lr = from_host ? host_inputs.lr : lr_by_step[min(state.global_step, lr_steps - 1)];
+  // Note [Schedule step]: the schedule advances with the applied steps only.
+  state.lr = from_host ? host_inputs.lr : lr_at(options.lr_schedule, state.adam_steps);
   const bool overflow = options.check_overflow && !isfinite(squares);
   state.found_inf = overflow ? 1 : 0;
   state.grad_norm = 0.0;
@@ -361,14 +361,12 @@ void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const Fused
 }
 
 void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares_copies,
-                             const double* lr_by_step, int64_t lr_steps,
                              const FusedStepOptions& options, const FusedHostInputs* host_inputs,
                              FusedStepState* state, float* loss_scale_out, cudaStream_t stream) {
-  if (lr_steps < 1) throw Error("fused optimizer: the learning-rate table is empty");
   if (options.loss_scaling == FusedLossScaling::kDynamic && options.scale_window < 1)
     throw Error("fused optimizer: a dynamic loss scale needs a window of at least 1 step");
   step_bookkeeping_kernel<<<1, 1, 0, stream>>>(
-      sum_of_squares, sum_of_squares_copies, lr_by_step, lr_steps, options,
+      sum_of_squares, sum_of_squares_copies, options,
       host_inputs ? *host_inputs : FusedHostInputs{}, host_inputs != nullptr, state,
       loss_scale_out);
   CUDA_CHECK(cudaGetLastError());

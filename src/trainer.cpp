@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -112,39 +113,46 @@ class EpochBatches {
   EpochBatches(DeviceInput& input, const DatasetFile& dataset, std::vector<int64_t> indices,
                int64_t batch_size, int prefetch_batches, int64_t epoch, int64_t first_batch,
                bool resident)
-      : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch) {
-    if (resident) indices_ = std::move(indices);
-    else loader_.emplace(dataset, Split::kTrain, std::move(indices), batch_size, prefetch_batches);
+      : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch),
+        indices_(std::move(indices)) {
+    if (!resident) loader_.emplace(dataset, Split::kTrain, indices_, batch_size, prefetch_batches);
   }
+
+  // Micro-batches in the plan.
+  int64_t batches() const { return batches_per_epoch(static_cast<int64_t>(indices_.size()), batch_size_); }
 
   // Stages the next batch; false after the epoch's last. Time blocked on the loader adds to
   // *wait_ms.
   bool prepare_next(double* wait_ms) {
     const int64_t index = first_batch_ + batches_prepared_;
+    const int64_t begin = batches_prepared_ * batch_size_;
+    if (begin >= static_cast<int64_t>(indices_.size())) return false;
+    const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
     if (loader_) {
       Stopwatch wait;
       const bool more = loader_->next(host_batch_);
       *wait_ms += wait.elapsed_ms();
-      if (!more) return false;
+      if (!more) throw Error("the loader ended before the epoch plan did");
       host_batch_.index_in_epoch = index;
       input_.prepare(host_batch_, epoch_);
-      sizes_.push_back(host_batch_.size);
     } else {
-      const int64_t begin = batches_prepared_ * batch_size_;
-      if (begin >= static_cast<int64_t>(indices_.size())) return false;
-      const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
       input_.prepare_resident(std::vector<int64_t>(indices_.begin() + begin, indices_.begin() + end),
                               index, epoch_);
-      sizes_.push_back(end - begin);
     }
+    prepared_.emplace_back(begin, end);
     ++batches_prepared_;
     return true;
   }
 
-  int64_t prepared_size() const { return sizes_.front(); }
+  int64_t prepared_size() const { return prepared_.front().second - prepared_.front().first; }
   DeviceBatch take() {
-    sizes_.pop_front();
+    taken_ = prepared_.front();
+    prepared_.pop_front();
     return input_.take();
+  }
+  // The dataset indices of the batch taken last.
+  std::vector<int64_t> taken_indices() const {
+    return std::vector<int64_t>(indices_.begin() + taken_.first, indices_.begin() + taken_.second);
   }
   double loader_wait_ms() const { return loader_ ? loader_->wait_ms() : 0.0; }
 
@@ -153,11 +161,43 @@ class EpochBatches {
   int64_t batch_size_;
   int64_t epoch_;
   int64_t first_batch_;
+  std::vector<int64_t> indices_;  // the plan (the loader reads a copy)
   std::optional<BatchLoader> loader_;
-  std::vector<int64_t> indices_;  // resident: the plan, cut into batches here
   HostBatch host_batch_;
-  std::deque<int64_t> sizes_;
+  std::deque<std::pair<int64_t, int64_t>> prepared_;  // [begin, end) in indices_, staged in order
+  std::pair<int64_t, int64_t> taken_{0, 0};
   int64_t batches_prepared_ = 0;
+};
+
+// Test-only: with HPC_TRAIN_TEST_SAMPLE_TRACE=PREFIX in the environment, every rank appends one
+// line per micro-batch to PREFIX.<rank>: the epoch, the optimizer step the micro-batch counts
+// towards, then its dataset indices. The resume tests compare what runs saw
+// (Note [Resume position]); nothing else reads it.
+class SampleTrace {
+ public:
+  explicit SampleTrace(int rank) {
+    const char* prefix = std::getenv("HPC_TRAIN_TEST_SAMPLE_TRACE");
+    if (prefix == nullptr || *prefix == '\0') return;
+    const std::string path = std::string(prefix) + "." + std::to_string(rank);
+    file_ = std::fopen(path.c_str(), "a");
+    if (file_ == nullptr) throw Error("HPC_TRAIN_TEST_SAMPLE_TRACE: cannot open " + path);
+  }
+  ~SampleTrace() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  SampleTrace(const SampleTrace&) = delete;
+  SampleTrace& operator=(const SampleTrace&) = delete;
+
+  bool on() const { return file_ != nullptr; }
+  void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices) {
+    std::fprintf(file_, "%lld %lld", static_cast<long long>(epoch), static_cast<long long>(step));
+    for (int64_t index : indices) std::fprintf(file_, " %lld", static_cast<long long>(index));
+    std::fprintf(file_, "\n");
+    std::fflush(file_);
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
 };
 
 }  // namespace
@@ -261,6 +301,7 @@ struct Trainer::Impl {
   FlatParameters flat;
   std::optional<Reducer> reducer;
   std::optional<ZeroOptimizer> optimizer;
+  std::optional<LossScalerOptions> loss_scaling;  // fp16: how the loss is scaled
   std::optional<LossScaler> scaler;  // fp16 on the CPU (on a GPU the optimizer's device scaler)
   bool device_step = false;          // GPU: ZeroOptimizer::step_on_device, no host sync per step
   std::optional<DeviceInput> train_input;
@@ -278,6 +319,7 @@ struct Trainer::Impl {
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
+  SampleTrace sample_trace; // test-only (SampleTrace)
   std::string resumed_from; // the checkpoint file, empty for a fresh start
   IntervalTimes run_times;  // every log interval of the run, added up
   double shown_loss = 0.0;  // the last log interval's loss, for the progress bar
@@ -290,7 +332,8 @@ struct Trainer::Impl {
                           : torch::Device(torch::kCPU)),
         dtype(model_dtype(c.precision)),
         gpu_monitor(where.cuda ? where.cuda_device : -1),
-        training_stream(where.cuda) {
+        training_stream(where.cuda),
+        sample_trace(comm.rank()) {
     comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
     if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
@@ -333,6 +376,7 @@ struct Trainer::Impl {
       scaling.scale_window = config.loss_scale_window;
       scaling.hysteresis = config.hysteresis;
       scaling.min_scale = config.min_loss_scale;
+      loss_scaling = scaling;
       if (device_step) zero.loss_scaling = scaling;
       else scaler.emplace(scaling);
     }
@@ -434,13 +478,10 @@ struct Trainer::Impl {
     c.config_ini = to_ini(config);
     c.position = position;
     c.optimizer_steps = state.steps;
-    if (scaler) {
-      c.has_loss_scaler = true;
-      c.loss_scaler = scaler->state();
-    } else if (device_step && config.precision == "fp16") {
-      c.has_loss_scaler = true;
-      c.loss_scaler = optimizer->read_device_report().scaler;
-    }
+    c.has_loss_scaler = loss_scaling.has_value();
+    c.loss_scaler_dynamic = loss_scaling && loss_scaling->fixed_scale <= 0;
+    if (scaler) c.loss_scaler = scaler->state();
+    else if (device_step && loss_scaling) c.loss_scaler = optimizer->read_device_report().scaler;
     const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
     c.master = to_host_floats(state.master);
@@ -454,6 +495,10 @@ struct Trainer::Impl {
   std::string save_checkpoint(const TrainingPosition& position, const char* why) {
     if (config.run_dir.empty()) return "";  // a Trainer without a run directory (tests)
     Stopwatch wall;
+    // Every rank passes the same contents to write_checkpoint, which may write any rank's bytes
+    // (and their crc32): BatchNorm statistics, updated by each rank from its own batches, are
+    // made rank 0's first, as evaluate() does.
+    broadcast_buffers();
     const std::string path = checkpoint_path(config.run_dir, position.global_step);
     write_checkpoint(comm.mpi_comm(), path, make_checkpoint(position));
     if (comm.rank() == 0) prune_checkpoints(config.run_dir, config.keep_checkpoints);
@@ -508,10 +553,25 @@ struct Trainer::Impl {
     state.exp_avg_sq = from_vector(c.exp_avg_sq);
     state.steps = c.optimizer_steps;
     optimizer->load_full_state(state);
-    if (scaler && c.has_loss_scaler) scaler->restore(c.loss_scaler);
+    // Note [Scaler on resume] (checkpoint.h).
+    const bool continue_scaler = continues_loss_scaler(c, loss_scaling);
+    const LossScalerState scaler_state =
+        continue_scaler ? c.loss_scaler
+                        : (loss_scaling ? LossScaler(*loss_scaling).state() : LossScalerState{});
+    if (scaler) scaler->restore(scaler_state);
     if (device_step)
-      optimizer->load_device_state(c.position.global_step, c.optimizer_steps,
-                                   c.has_loss_scaler ? c.loss_scaler : LossScalerState{});
+      optimizer->load_device_state(c.position.global_step, c.optimizer_steps, scaler_state);
+    if (is_printer && !continue_scaler && (c.has_loss_scaler || loss_scaling))
+      std::printf("Loss scaling: the checkpoint's (%s) does not carry over to this run's (%s); "
+                  "starting at scale %g\n",
+                  describe_loss_scaling(c.precision, c.has_loss_scaler, c.loss_scaler_dynamic,
+                                        c.loss_scaler.scale)
+                      .c_str(),
+                  describe_loss_scaling(config.precision, loss_scaling.has_value(),
+                                        loss_scaling && loss_scaling->fixed_scale <= 0,
+                                        scaler_state.scale)
+                      .c_str(),
+                  scaler_state.scale);
     if (!c.rng_state.empty()) {
       torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
       std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
@@ -519,14 +579,18 @@ struct Trainer::Impl {
       generator.set_state(rng);
     }
     start = c.position;
+    // A version 1 checkpoint did not record the position in samples; it continued at its
+    // micro-steps times this run's micro-batch and world size, which is right when they are the
+    // saving run's (or keep its global batch).
+    if (start.samples_in_epoch < 0)
+      start.samples_in_epoch = start.micro_steps_in_epoch * config.micro_batch * comm.size();
     resumed_from = path;
     if (is_printer) {
-      std::printf("Resumed from %s: step %lld, epoch %lld, %lld micro-batches into it (saved by %d "
+      std::printf("Resumed from %s: step %lld, epoch %lld, %lld samples into it (saved by %d "
                   "rank(s), continuing on %d)\n",
                   path.c_str(), static_cast<long long>(c.position.global_step),
                   static_cast<long long>(c.position.epoch + 1),
-                  static_cast<long long>(c.position.micro_steps_in_epoch), c.world_size,
-                  comm.size());
+                  static_cast<long long>(start.samples_in_epoch), c.world_size, comm.size());
       std::fflush(stdout);
     }
   }
@@ -550,6 +614,16 @@ struct Trainer::Impl {
   }
 
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+  // "fp16, dynamic, scale 1024", "fp16, fixed scale 128", "bf16, no scaling".
+  static std::string describe_loss_scaling(const std::string& precision, bool scaled, bool dynamic,
+                                           double scale) {
+    char text[96];
+    if (!scaled) std::snprintf(text, sizeof text, "%s, no scaling", precision.c_str());
+    else if (dynamic) std::snprintf(text, sizeof text, "%s, dynamic, scale %g", precision.c_str(), scale);
+    else std::snprintf(text, sizeof text, "%s, fixed scale %g", precision.c_str(), scale);
+    return text;
+  }
 
   // Batch-norm running statistics are updated by each rank from its own batches; like DDP's
   // broadcast_buffers, rank 0's are the model's. They matter only in evaluation (and export).
@@ -819,11 +893,12 @@ struct Trainer::Impl {
     return static_cast<int>(comm.all_reduce_count(local, ReduceOp::kMax));
   }
 
-  // Micro-batches of this rank already consumed in the resumed epoch. The checkpoint counts
-  // them at its own world size; what is the same at every world size (for the same global
-  // batch) is the number of samples of the epoch's permutation consumed.
-  int64_t resumed_micro_steps_in_epoch() const {
-    return start.micro_steps_in_epoch;
+  // A checkpoint's position at this run's micro-batch and accumulation (Note [Resume position]).
+  TrainingPosition position(int64_t global_step, int64_t micro_step, int64_t epoch,
+                            int64_t micro_steps_in_epoch, int64_t samples_in_epoch,
+                            int64_t skipped_steps) const {
+    return {global_step,    micro_step,    epoch, micro_steps_in_epoch, skipped_steps,
+            samples_in_epoch, config.micro_batch, config.grad_accum};
   }
 
   TrainSummary run() {
@@ -876,6 +951,9 @@ struct Trainer::Impl {
 
     int64_t global_step = start.global_step;  // optimizer steps taken or skipped
     int64_t micro_step = start.micro_step;    // over the whole run
+    // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
+    // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
+    int64_t micro_steps_since_update = 0;
     int64_t skipped_total = start.skipped_steps;
     summary.resumed_from = resumed_from;
     // Throughput is timed from the end of the first step (set-up and first-use costs), or of
@@ -889,28 +967,32 @@ struct Trainer::Impl {
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
       Stopwatch epoch_wall;
-      // A resumed epoch goes on after the micro-batches its checkpoint had consumed.
-      const int64_t consumed_micro_steps = epoch == start.epoch ? resumed_micro_steps_in_epoch() : 0;
-      std::vector<int64_t> indices = rank_epoch_indices(config.seed, epoch, info.train_size,
-                                                        comm.size(), comm.rank(), tail,
-                                                        /*shuffle=*/true);
-      indices.erase(indices.begin(),
-                    indices.begin() + std::min<int64_t>(static_cast<int64_t>(indices.size()),
-                                                        consumed_micro_steps * config.micro_batch));
-      EpochBatches batches(*train_input, dataset, std::move(indices), config.micro_batch,
-                           config.prefetch_batches, epoch, consumed_micro_steps,
-                           train_split_resident);
+      // Note [Resume position]: a resumed epoch goes on at the permutation position its
+      // checkpoint had reached, whatever world size, micro-batch and accumulation reached it.
+      const int64_t first_position = epoch == start.epoch ? start.samples_in_epoch : 0;
+      const int64_t global_micro_batch = static_cast<int64_t>(config.micro_batch) * comm.size();
+      // Micro-batches of the epoch behind us, counted at this run's micro-batch (display, and
+      // the augmentation draws, which follow a batch's place in the epoch).
+      const int64_t consumed_micro_steps = first_position / global_micro_batch;
+      EpochBatches batches(*train_input, dataset,
+                           rank_epoch_indices(config.seed, epoch, info.train_size, comm.size(),
+                                              comm.rank(), tail, /*shuffle=*/true, first_position),
+                           config.micro_batch, config.prefetch_batches, epoch,
+                           consumed_micro_steps, train_split_resident);
+      const int64_t epoch_end_micro_steps = consumed_micro_steps + batches.batches();
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
       int64_t epoch_micro_steps = consumed_micro_steps;
+      int64_t samples_in_epoch = first_position;  // positions consumed by all ranks together
       int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
       Stopwatch step_wall;
       bool have_batch = batches.prepare_next(&times.data_wait_ms);
       while (have_batch) {
         const int64_t batch_size = batches.prepared_size();
         const DeviceBatch batch = batches.take();
+        if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
         ++micro_step;
-        const bool sync = micro_step % config.grad_accum == 0;
+        const bool sync = ++micro_steps_since_update == config.grad_accum;
         // Captured steps need the final bucket layout, warmed-up libraries and full batches.
         const bool replayed = use_step_graph && sync && buckets_rebuilt &&
                               batch_size == config.micro_batch &&
@@ -923,10 +1005,12 @@ struct Trainer::Impl {
           if (sync && !optimizer_step(global_step, times) && !device_step) ++skipped_total;
         }
         ++epoch_micro_steps;
+        samples_in_epoch += batch_size * comm.size();  // every rank's batch has this size
         times.samples += batch_size;
         // The next batch's copy overlaps the step just queued on the GPU.
         have_batch = batches.prepare_next(&times.data_wait_ms);
         if (!sync) continue;
+        micro_steps_since_update = 0;
         ++global_step;
         ++times.steps;
         if (!replayed) ++times.phase_timed_steps;
@@ -959,7 +1043,8 @@ struct Trainer::Impl {
         if (is_printer && output.progress_bar)
           print_progress_bar(epoch, step_in_epoch, steps_per_epoch, shown_loss);
         ++step_in_epoch;
-        const TrainingPosition here{global_step, micro_step, epoch, epoch_micro_steps, skipped_total};
+        const TrainingPosition here = position(global_step, micro_step, epoch, epoch_micro_steps,
+                                               samples_in_epoch, skipped_total);
         summary.stop_signal = agreed_stop_signal();
         if (summary.stop_signal != 0) {
           summary.last_checkpoint = save_checkpoint(here, stop_signal_name(summary.stop_signal));
@@ -978,7 +1063,7 @@ struct Trainer::Impl {
           comm.all_reduce_scalar(epoch_loss_sum) /
           (comm.size() *
            static_cast<double>(std::max<int64_t>(1, epoch_micro_steps - consumed_micro_steps)));
-      const bool epoch_complete = epoch_micro_steps == micro_steps_per_epoch;
+      const bool epoch_complete = epoch_micro_steps == epoch_end_micro_steps;
       if (epoch_complete) ++summary.epochs_completed;
       summary.test = evaluate();
       metrics.write({{"kind", "epoch"},
@@ -995,10 +1080,12 @@ struct Trainer::Impl {
                      {"loss_scale", loss_scale()}});
       // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
       // accumulation is not one.
-      if (config.checkpoint_epochs && micro_step % config.grad_accum == 0) {
-        const TrainingPosition here = epoch_complete
-            ? TrainingPosition{global_step, micro_step, epoch + 1, 0, skipped_total}
-            : TrainingPosition{global_step, micro_step, epoch, epoch_micro_steps, skipped_total};
+      if (config.checkpoint_epochs && micro_steps_since_update == 0) {
+        const TrainingPosition here =
+            epoch_complete
+                ? position(global_step, micro_step, epoch + 1, 0, 0, skipped_total)
+                : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch,
+                           skipped_total);
         summary.last_checkpoint = save_checkpoint(here, epoch_complete ? "epoch end" : "max steps");
       }
       if (is_printer)

@@ -497,7 +497,6 @@ TEST_F(FusedKernels, OverflowSkipsTheUpdateAndStillCountsTheStep) {
     at::Tensor loss_scale_out = at::zeros({1}, on_gpu(at::kFloat));
     at::Tensor sum_of_squares = at::zeros({1}, on_gpu(at::kDouble));
     at::Tensor partials = at::zeros({grid}, on_gpu(at::kDouble));
-    at::Tensor lr = at::full({1}, 1e-3, on_gpu(at::kDouble));
     at::Tensor table = at::empty({static_cast<int64_t>(layout.segments.size()), 4}, at::kLong);
     std::memcpy(table.data_ptr(), layout.segments.data(), layout.segments.size() * sizeof(FusedSegment));
     table = table.to(at::Device(at::kCUDA, 0));
@@ -507,8 +506,8 @@ TEST_F(FusedKernels, OverflowSkipsTheUpdateAndStillCountsTheStep) {
     auto* s = reinterpret_cast<FusedStepState*>(device_state.data_ptr());
     launch_grad_sum_of_squares(grads.data_ptr(), FusedDtype::kFloat16, segments, n, grid,
                                partials.data_ptr<double>(), sum_of_squares.data_ptr<double>(), stream);
-    launch_step_bookkeeping(sum_of_squares.data_ptr<double>(), 1.0, lr.data_ptr<double>(), 1,
-                            options, nullptr, s, loss_scale_out.data_ptr<float>(), stream);
+    launch_step_bookkeeping(sum_of_squares.data_ptr<double>(), 1.0, options, nullptr, s,
+                            loss_scale_out.data_ptr<float>(), stream);
     launch_adam_update(grads.data_ptr(), params.data_ptr(), FusedDtype::kFloat16,
                        master.data_ptr<float>(), exp_avg.data_ptr<float>(),
                        exp_avg_sq.data_ptr<float>(), segments, n, grid, s, options, stream);

@@ -301,9 +301,7 @@ struct Trainer::Impl {
   FlatParameters flat;
   std::optional<Reducer> reducer;
   std::optional<ZeroOptimizer> optimizer;
-  std::optional<LossScalerOptions> loss_scaling;  // fp16: how the loss is scaled
-  std::optional<LossScaler> scaler;  // fp16 on the CPU (on a GPU the optimizer's device scaler)
-  bool device_step = false;          // GPU: ZeroOptimizer::step_on_device, no host sync per step
+  std::optional<LossScalerOptions> loss_scaling;  // fp16: how the optimizer scales the loss
   std::optional<DeviceInput> train_input;
   std::optional<DeviceInput> eval_input;
   bool train_split_resident = false;
@@ -314,7 +312,6 @@ struct Trainer::Impl {
   bool graph_captured_now = false;   // the step just run captured the graph
   torch::Tensor graph_input;         // the captured step's static input buffers
   torch::Tensor graph_labels;
-  std::optional<LrSchedule> schedule;
   bool buckets_rebuilt = false;
   JsonlWriter metrics;
   bool is_printer = false;  // rank 0 with printing on
@@ -368,7 +365,6 @@ struct Trainer::Impl {
                              config.weight_decay);
     zero.clip_grad = config.clip_grad;
     zero.check_overflow = config.precision == "fp16";
-    device_step = placement.cuda;
     if (config.precision == "fp16") {
       LossScalerOptions scaling;
       scaling.fixed_scale = config.loss_scale;
@@ -377,8 +373,7 @@ struct Trainer::Impl {
       scaling.hysteresis = config.hysteresis;
       scaling.min_scale = config.min_loss_scale;
       loss_scaling = scaling;
-      if (device_step) zero.loss_scaling = scaling;
-      else scaler.emplace(scaling);
+      zero.loss_scaling = scaling;
     }
     optimizer.emplace(flat, *reducer, comm, zero);
     train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
@@ -480,8 +475,7 @@ struct Trainer::Impl {
     c.optimizer_steps = state.steps;
     c.has_loss_scaler = loss_scaling.has_value();
     c.loss_scaler_dynamic = loss_scaling && loss_scaling->fixed_scale <= 0;
-    if (scaler) c.loss_scaler = scaler->state();
-    else if (device_step && loss_scaling) c.loss_scaler = optimizer->read_device_report().scaler;
+    c.loss_scaler = optimizer->report().scaler;
     const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
     c.master = to_host_floats(state.master);
@@ -558,9 +552,7 @@ struct Trainer::Impl {
     const LossScalerState scaler_state =
         continue_scaler ? c.loss_scaler
                         : (loss_scaling ? LossScaler(*loss_scaling).state() : LossScalerState{});
-    if (scaler) scaler->restore(scaler_state);
-    if (device_step)
-      optimizer->load_device_state(c.position.global_step, c.optimizer_steps, scaler_state);
+    optimizer->resume(c.position.global_step, c.optimizer_steps, scaler_state);
     if (is_printer && !continue_scaler && (c.has_loss_scaler || loss_scaling))
       std::printf("Loss scaling: the checkpoint's (%s) does not carry over to this run's (%s); "
                   "starting at scale %g\n",
@@ -639,13 +631,6 @@ struct Trainer::Impl {
     return channels_last ? input.contiguous(at::MemoryFormat::ChannelsLast) : input;
   }
 
-  // The scale of the loss at the next backward: the host scaler's (CPU), or the device's (GPU;
-  // a read that waits for the GPU, so only at log intervals).
-  double loss_scale() const {
-    if (scaler) return scaler->scale();
-    if (device_step && config.precision == "fp16") return optimizer->read_device_report().loss_scale;
-    return 1.0;
-  }
 
   // Returns the losses summed since the last call and starts a new sum (waits for the device).
   double take_interval_loss() {
@@ -671,10 +656,7 @@ struct Trainer::Impl {
     phase.restart();
     reducer->begin_backward(sync);
     const double averaging = 1.0 / (comm.size() * static_cast<double>(config.grad_accum));
-    if (device_step && config.precision == "fp16")
-      (loss * (optimizer->loss_scale_tensor() * averaging)).backward();
-    else
-      (loss * (loss_scale() * averaging)).backward();
+    optimizer->scale_loss(loss, averaging).backward();
     times.backward_ms += phase.elapsed_ms();
     if (sync) {
       times.comm_wait_ms += reducer->finish_backward();
@@ -686,31 +668,14 @@ struct Trainer::Impl {
     interval_loss.add_(loss.detach());
   }
 
-  // The optimizer step after a synchronised micro-step; false when fp16 overflowed (skipped).
-  bool optimizer_step(int64_t step, IntervalTimes& times) {
+  // The optimizer step after a synchronised micro-step. On a GPU overflows and the loss scale
+  // stay there; log_interval reads them (optimizer_report).
+  void optimizer_step(IntervalTimes& times) {
     Stopwatch phase;
-    bool skipped = false;
-    if (device_step) {
-      // Overflows and the loss scale stay on the GPU; log_interval reads them.
-      optimizer->step_on_device();
-      flat.zero_grads();
-      if (!buckets_rebuilt) skipped = optimizer->read_device_report().last_overflow;
-    } else {
-      // Note [Schedule step]: skipped steps do not advance the schedule.
-      const StepOutcome outcome =
-          optimizer->step(schedule->lr_at(optimizer->steps_taken()), loss_scale());
-      flat.zero_grads();
-      if (scaler) {
-        const double scale_before = scaler->scale();
-        skipped = scaler->update(outcome.overflow);
-        if (skipped && is_printer)
-          std::printf("Step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
-                      static_cast<long long>(step + 1), scale_before, scaler->scale());
-      }
-    }
-    if (!buckets_rebuilt && !skipped) rebuild_buckets();
+    optimizer->step();
+    // The first step that was taken decides the bucket layout (a read of the GPU, once).
+    if (!buckets_rebuilt && !optimizer->report().last_overflow) rebuild_buckets();
     times.optimizer_ms += phase.elapsed_ms();
-    return !skipped;
   }
 
   // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
@@ -725,8 +690,7 @@ struct Trainer::Impl {
       const bool captured = step_graph.capture([&] {
         IntervalTimes ignored;  // host timers mean nothing inside a capture
         forward_backward(DeviceBatch{graph_input, graph_labels}, /*sync=*/true, ignored);
-        optimizer->step_on_device();
-        flat.zero_grads();
+        optimizer->step();
       }, &why);
       comm.set_capturing(false);
       if (!captured) {
@@ -821,7 +785,8 @@ struct Trainer::Impl {
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
   double log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                      int64_t global_step, int64_t skipped_total, IntervalTimes& times) {
+                      int64_t global_step, IntervalTimes& times) {
+    const StepReport report = optimizer_report();
     const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
     const double loss = comm.all_reduce_scalar(times.loss_sum) /
                         (comm.size() * steps * config.grad_accum);
@@ -834,12 +799,12 @@ struct Trainer::Impl {
                              {"step", global_step},
                              {"step_in_epoch", step_in_epoch + 1},
                              {"loss", loss},
-                             {"lr", schedule->lr_at(optimizer->steps_taken() - 1)},  // the last applied step's
+                             {"lr", report.last_lr},
                              {"samples_per_s", samples_per_s},
                              {"ms_per_step", interval_ms / steps},
                              {"buckets", reducer->num_buckets()},
-                             {"loss_scale", loss_scale()},
-                             {"skipped_steps", skipped_total},
+                             {"loss_scale", report.loss_scale},
+                             {"skipped_steps", report.skipped_steps},
                              {"parameter_bytes", bytes.parameters},
                              {"gradient_bytes", bytes.gradients},
                              {"optimizer_state_bytes", bytes.optimizer_state}};
@@ -862,8 +827,8 @@ struct Trainer::Impl {
       else
         std::printf("(CUDA graph replays; data wait %.2f)", b.data_wait_ms);
       if (config.precision == "fp16")
-        std::printf(", loss scale %g, skipped %lld", loss_scale(),
-                    static_cast<long long>(skipped_total));
+        std::printf(", loss scale %g, skipped %lld", report.loss_scale,
+                    static_cast<long long>(report.skipped_steps));
       if (placement.cuda && gpu.measured) std::printf("; %s", gpu.describe().c_str());
       std::printf("\n");
     }
@@ -873,17 +838,18 @@ struct Trainer::Impl {
     return loss;
   }
 
-  // GPU: the device's count of skipped (overflowed) steps; ends the run like the host scaler
-  // when an overflow happened at the minimum loss scale (LossScaler::update).
-  int64_t device_skipped_steps() {
-    const DeviceStepReport report = optimizer->read_device_report();
+  // The optimizer's report (a read of the GPU: at log intervals, checkpoints and the end). Ends
+  // the run when the device scaler met an overflow at its minimum scale, as the host scaler
+  // does at once (LossScaler::update).
+  StepReport optimizer_report() {
+    const StepReport report = optimizer->report();
     if (report.scaler_failed)
       throw Error("fp16 loss scale reached its minimum (" + std::to_string(config.min_loss_scale) +
                   ") and the gradients still overflow (" + std::to_string(report.skipped_steps) +
                   " step(s) skipped so far). What to try: --precision bf16, a lower --lr, "
                   "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it "
                   "diverges");
-    return report.skipped_steps;
+    return report;
   }
 
   // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
@@ -895,10 +861,10 @@ struct Trainer::Impl {
 
   // A checkpoint's position at this run's micro-batch and accumulation (Note [Resume position]).
   TrainingPosition position(int64_t global_step, int64_t micro_step, int64_t epoch,
-                            int64_t micro_steps_in_epoch, int64_t samples_in_epoch,
-                            int64_t skipped_steps) const {
-    return {global_step,    micro_step,    epoch, micro_steps_in_epoch, skipped_steps,
-            samples_in_epoch, config.micro_batch, config.grad_accum};
+                            int64_t micro_steps_in_epoch, int64_t samples_in_epoch) {
+    return {global_step,      micro_step,         epoch, micro_steps_in_epoch,
+            optimizer_report().skipped_steps, samples_in_epoch, config.micro_batch,
+            config.grad_accum};
   }
 
   TrainSummary run() {
@@ -920,9 +886,7 @@ struct Trainer::Impl {
     schedule_options.warmup_start_ratio = config.warmup_start_ratio;
     schedule_options.cosine_final_ratio = config.cosine_final_ratio;
     schedule_options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : total_steps;
-    schedule.emplace(schedule_options);
-    // The device step evaluates the schedule itself, at the steps it has applied.
-    if (device_step) optimizer->set_lr_schedule(schedule->params());
+    optimizer->set_lr_schedule(LrSchedule(schedule_options).params());
 
     TrainSummary summary;
     summary.world_size = comm.size();
@@ -954,7 +918,6 @@ struct Trainer::Impl {
     // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
-    int64_t skipped_total = start.skipped_steps;
     summary.resumed_from = resumed_from;
     // Throughput is timed from the end of the first step (set-up and first-use costs), or of
     // the step that captured the CUDA graph, to the end.
@@ -1002,7 +965,7 @@ struct Trainer::Impl {
           ++summary.graph_replays;
         } else {
           forward_backward(batch, sync, times);
-          if (sync && !optimizer_step(global_step, times) && !device_step) ++skipped_total;
+          if (sync) optimizer_step(times);
         }
         ++epoch_micro_steps;
         samples_in_epoch += batch_size * comm.size();  // every rank's batch has this size
@@ -1021,9 +984,7 @@ struct Trainer::Impl {
           const double interval_loss_sum = take_interval_loss();
           times.loss_sum += interval_loss_sum;
           epoch_loss_sum += interval_loss_sum;
-          if (device_step) skipped_total = device_skipped_steps();
-          shown_loss = log_interval(epoch, step_in_epoch, steps_per_epoch, global_step,
-                                    skipped_total, times);
+          shown_loss = log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, times);
         }
         // After the log, which waits for the GPU at its interval: asynchronous steps are counted
         // when they have run.
@@ -1043,15 +1004,16 @@ struct Trainer::Impl {
         if (is_printer && output.progress_bar)
           print_progress_bar(epoch, step_in_epoch, steps_per_epoch, shown_loss);
         ++step_in_epoch;
-        const TrainingPosition here = position(global_step, micro_step, epoch, epoch_micro_steps,
-                                               samples_in_epoch, skipped_total);
+        auto here = [&] {
+          return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
+        };
         summary.stop_signal = agreed_stop_signal();
         if (summary.stop_signal != 0) {
-          summary.last_checkpoint = save_checkpoint(here, stop_signal_name(summary.stop_signal));
+          summary.last_checkpoint = save_checkpoint(here(), stop_signal_name(summary.stop_signal));
           break;
         }
         if (config.checkpoint_every > 0 && global_step % config.checkpoint_every == 0)
-          summary.last_checkpoint = save_checkpoint(here, "periodic");
+          summary.last_checkpoint = save_checkpoint(here(), "periodic");
         if (reached_max_steps) break;
       }
       // Micro-steps of an accumulation that carries over into the next epoch.
@@ -1066,6 +1028,7 @@ struct Trainer::Impl {
       const bool epoch_complete = epoch_micro_steps == epoch_end_micro_steps;
       if (epoch_complete) ++summary.epochs_completed;
       summary.test = evaluate();
+      const StepReport report = optimizer_report();
       metrics.write({{"kind", "epoch"},
                      {"epoch", epoch + 1},
                      {"complete", epoch_complete},
@@ -1076,16 +1039,15 @@ struct Trainer::Impl {
                      {"epoch_train_s", epoch_train_ms / 1e3},
                      {"epoch_s", epoch_wall.elapsed_ms() / 1e3},
                      {"loader_wait_s", batches.loader_wait_ms() / 1e3},
-                     {"skipped_steps", skipped_total},
-                     {"loss_scale", loss_scale()}});
+                     {"skipped_steps", report.skipped_steps},
+                     {"loss_scale", report.loss_scale}});
       // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
       // accumulation is not one.
       if (config.checkpoint_epochs && micro_steps_since_update == 0) {
         const TrainingPosition here =
             epoch_complete
-                ? position(global_step, micro_step, epoch + 1, 0, 0, skipped_total)
-                : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch,
-                           skipped_total);
+                ? position(global_step, micro_step, epoch + 1, 0, 0)
+                : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
         summary.last_checkpoint = save_checkpoint(here, epoch_complete ? "epoch end" : "max steps");
       }
       if (is_printer)
@@ -1102,8 +1064,9 @@ struct Trainer::Impl {
       if (is_printer) std::printf("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;
-    summary.skipped_steps = skipped_total;
-    summary.loss_scale = loss_scale();
+    const StepReport report = optimizer_report();
+    summary.skipped_steps = report.skipped_steps;
+    summary.loss_scale = report.loss_scale;
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;

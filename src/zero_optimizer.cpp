@@ -38,7 +38,11 @@ ZeroOptimizer::ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicato
     : flat_(flat), reducer_(reducer), comm_(comm), options_(options) {
   if (options_.stage < 0 || options_.stage > 2)
     throw ConfigError("--zero-stage " + std::to_string(options_.stage) + ": use 0, 1 or 2");
+  if (options_.loss_scaling && !options_.check_overflow)
+    throw ConfigError("ZeroOptions: fp16 loss scaling needs check_overflow, so that an "
+                      "overflowed step is skipped");
   if (on_device()) create_device_buffers();
+  else if (options_.loss_scaling) host_scaler_.emplace(*options_.loss_scaling);
   FullOptimizerState initial;
   initial.master = flat_.to_logical(flat_.values()).to(at::kFloat);
   initial.exp_avg = at::zeros_like(initial.master);
@@ -67,6 +71,50 @@ at::Tensor ZeroOptimizer::gradient_partition() {
   for (size_t b = 0; b < flat_.layout().spans.size(); ++b)
     slices.push_back(own_slice(flat_.grads(), b));
   return at::cat(slices).to(at::kFloat);
+}
+
+at::Tensor ZeroOptimizer::scale_loss(const at::Tensor& loss, double averaging) const {
+  if (on_device() && options_.loss_scaling) return loss * (loss_scale_ * averaging);
+  return loss * ((host_scaler_ ? host_scaler_->scale() : 1.0) * averaging);
+}
+
+void ZeroOptimizer::step() {
+  if (on_device()) {
+    step_on_device();
+  } else {
+    // Note [Schedule step]: the schedule is evaluated at the steps applied so far.
+    const LrScheduleParams schedule = options_.lr_schedule.value_or(
+        LrScheduleParams{LrScheduleKind::kConstant, WarmupType::kLinear, options_.adam.lr});
+    host_last_lr_ = lr_at(schedule, steps_);
+    host_last_outcome_ = step(host_last_lr_, host_scaler_ ? host_scaler_->scale() : 1.0);
+    ++host_global_step_;
+    if (host_scaler_) host_scaler_->update(host_last_outcome_.overflow);
+  }
+  flat_.zero_grads();
+}
+
+StepReport ZeroOptimizer::report() const {
+  if (on_device()) return read_device_report();
+  StepReport report;
+  report.global_step = host_global_step_;
+  report.adam_steps = steps_;
+  report.skipped_steps = host_global_step_ - steps_;
+  report.loss_scale = host_scaler_ ? host_scaler_->scale() : 1.0;
+  report.last_grad_norm = host_last_outcome_.grad_norm;
+  report.last_lr = host_last_lr_;
+  report.last_overflow = host_last_outcome_.overflow;
+  if (host_scaler_) report.scaler = host_scaler_->state();
+  return report;
+}
+
+void ZeroOptimizer::resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler) {
+  if (on_device()) {
+    load_device_state(global_step, adam_steps, scaler);
+    return;
+  }
+  host_global_step_ = global_step;
+  steps_ = adam_steps;
+  if (host_scaler_) host_scaler_->restore(scaler);
 }
 
 int64_t ZeroOptimizer::steps_taken() const {
@@ -104,7 +152,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
     const HostStepInputs host{lr, loss_scale};
     enqueue_device_step(&host);
     outcome.gather_ms = all_gather_parameters();
-    const DeviceStepReport report = read_device_report();
+    const StepReport report = read_device_report();
     outcome.overflow = report.last_overflow;
     outcome.grad_norm = report.last_grad_norm;
     return outcome;
@@ -196,7 +244,7 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   flat_.values().copy_(flat_.from_logical(state.master).to(flat_.values().scalar_type()));
   if (on_device()) {
     prepare_device_layout();
-    const DeviceStepReport now = read_device_report();
+    const StepReport now = read_device_report();
     load_device_state(now.global_step, state.steps, now.scaler);
   }
 }
@@ -258,9 +306,6 @@ void write_step_state(at::Tensor& device_state, const FusedStepState& state) {
 }  // namespace
 
 void ZeroOptimizer::create_device_buffers() {
-  if (options_.loss_scaling && !options_.check_overflow)
-    throw ConfigError("ZeroOptions: fp16 loss scaling needs check_overflow, so that an "
-                      "overflowed step is skipped");
   const at::Device device = flat_.values().device();
   const at::TensorOptions on_gpu = at::TensorOptions().device(device);
   device_state_ = at::zeros({static_cast<int64_t>(sizeof(FusedStepState))}, on_gpu.dtype(at::kByte));
@@ -328,10 +373,10 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
                      num_segments, device_grid_blocks_, state, options, stream);
 }
 
-DeviceStepReport ZeroOptimizer::read_device_report() const {
+StepReport ZeroOptimizer::read_device_report() const {
   if (!on_device()) no_gpu("read_device_report");
   const FusedStepState state = read_step_state(device_state_);
-  DeviceStepReport report;
+  StepReport report;
   report.global_step = state.global_step;
   report.adam_steps = state.adam_steps;
   report.skipped_steps = state.global_step - state.adam_steps;
@@ -365,7 +410,7 @@ void ZeroOptimizer::load_device_state(int64_t global_step, int64_t adam_steps,
 void ZeroOptimizer::create_device_buffers() { no_gpu("create_device_buffers"); }
 void ZeroOptimizer::prepare_device_layout() { no_gpu("prepare_device_layout"); }
 void ZeroOptimizer::enqueue_device_step(const HostStepInputs*) { no_gpu("step"); }
-DeviceStepReport ZeroOptimizer::read_device_report() const { no_gpu("read_device_report"); }
+StepReport ZeroOptimizer::read_device_report() const { no_gpu("read_device_report"); }
 void ZeroOptimizer::load_device_state(int64_t, int64_t, const LossScalerState&) {
   no_gpu("load_device_state");
 }

@@ -576,7 +576,7 @@ struct DeviceModel {
   std::unique_ptr<ZeroOptimizer> optimizer;
 };
 
-std::string describe_report(const DeviceStepReport& r) {
+std::string describe_report(const StepReport& r) {
   char text[320];
   std::snprintf(text, sizeof text,
                 "global %lld, adam %lld, skipped %lld, scale %g, norm %.6g, lr %g, overflow %d, "
@@ -640,13 +640,13 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
         const int kSteps = 5;
         for (int step = 0; step < kSteps; ++step) {
           SCOPED_TRACE("step " + std::to_string(step));
-          const DeviceStepReport before = model.optimizer->read_device_report();
+          const StepReport before = model.optimizer->read_device_report();
           const FullOptimizerState state = model.optimizer->gather_full_state();
           const at::Tensor grads =
               (at::randn({numel}, on_gpu(at::kFloat)) * 1e-2 * before.loss_scale).to(type);
           model.set_gradients(grads);
           model.optimizer->step_on_device();
-          const DeviceStepReport after = model.optimizer->read_device_report();
+          const StepReport after = model.optimizer->read_device_report();
           const FullOptimizerState next = model.optimizer->gather_full_state();
 
           const std::vector<double> g = host_doubles(grads);
@@ -711,7 +711,7 @@ TEST_F(ZeroOnDevice, ClippingMatchesTheFloat64Reference) {
       model.set_gradients(grads);
       model.optimizer->step_on_device();
       const FullOptimizerState next = model.optimizer->gather_full_state();
-      const DeviceStepReport after = model.optimizer->read_device_report();
+      const StepReport after = model.optimizer->read_device_report();
       const std::vector<double> g = host_doubles(grads);
       double squares = 0.0;
       for (double x : g) squares += x * x;
@@ -755,7 +755,7 @@ TEST_F(ZeroOnDevice, HostDrivenStepEqualsTheDeviceStep) {
     device_driven.set_gradients(grads);
     const StepOutcome outcome = host_driven.optimizer->step(3e-3, 1.0);
     device_driven.optimizer->step_on_device();
-    const DeviceStepReport report = device_driven.optimizer->read_device_report();
+    const StepReport report = device_driven.optimizer->read_device_report();
     EXPECT_FALSE(outcome.overflow);
     EXPECT_EQ(outcome.grad_norm, report.last_grad_norm);
     EXPECT_TRUE(torch::equal(host_driven.flat->values(), device_driven.flat->values())) << "step " << step;
@@ -788,12 +788,12 @@ void run_overflow_pattern(int stage, const LossScalerOptions& scaling, double ov
     }
     pattern += overflow ? 'X' : '.';
     overflows += overflow;
-    const DeviceStepReport before = model.optimizer->read_device_report();
+    const StepReport before = model.optimizer->read_device_report();
     const FullOptimizerState state = model.optimizer->gather_full_state();
     const at::Tensor values = model.flat->values().clone();
     model.set_gradients(grads);
     model.optimizer->step_on_device();
-    const DeviceStepReport after = model.optimizer->read_device_report();
+    const StepReport after = model.optimizer->read_device_report();
     bool host_failed = false;
     try {
       host.update(overflow);
@@ -864,7 +864,7 @@ TEST_F(ZeroOnDevice, OverflowAtTheMinimumScaleSetsTheErrorFlag) {
     model.set_gradients(poisoned);
     model.optimizer->step_on_device();
   }
-  const DeviceStepReport report = model.optimizer->read_device_report();
+  const StepReport report = model.optimizer->read_device_report();
   EXPECT_TRUE(report.scaler_failed) << describe_report(report);
   EXPECT_EQ(report.loss_scale, 2.0);
   EXPECT_EQ(report.scaler.skipped_steps, 2) << "the failing update leaves the scaler as it was";
@@ -887,12 +887,12 @@ TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {
     first.set_gradients((at::randn({first.flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(at::kHalf));
     first.optimizer->step_on_device();
   }
-  const DeviceStepReport saved = first.optimizer->read_device_report();
+  const StepReport saved = first.optimizer->read_device_report();
   const FullOptimizerState state = first.optimizer->gather_full_state();
   DeviceModel second(initial, options, comm_);
   second.optimizer->load_full_state(state);
   second.optimizer->load_device_state(saved.global_step, saved.adam_steps, saved.scaler);
-  const DeviceStepReport resumed = second.optimizer->read_device_report();
+  const StepReport resumed = second.optimizer->read_device_report();
   EXPECT_EQ(resumed.global_step, saved.global_step);
   EXPECT_EQ(resumed.adam_steps, saved.adam_steps);
   EXPECT_EQ(resumed.scaler.scale, saved.scaler.scale);
@@ -932,7 +932,7 @@ TEST_F(ZeroOnDevice, SkippedStepsDoNotAdvanceTheSchedule) {
     if (overflow) g[uniform_int(gen, 0, numel - 1)] = INFINITY;
     model.set_gradients(g);
     model.optimizer->step_on_device();
-    const DeviceStepReport report = model.optimizer->read_device_report();
+    const StepReport report = model.optimizer->read_device_report();
     ASSERT_EQ(report.last_overflow, overflow) << describe_report(report);
     if (overflow) continue;
     EXPECT_DOUBLE_EQ(report.last_lr, lr_at(*options.lr_schedule, applied))
@@ -970,7 +970,7 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
     grads.push_back(g);
   }
   std::vector<FullOptimizerState> eager_states;
-  std::vector<DeviceStepReport> eager_reports;
+  std::vector<StepReport> eager_reports;
   std::vector<at::Tensor> eager_values;
   for (int step = 0; step < kSteps; ++step) {
     eager.set_gradients(grads[step]);
@@ -993,7 +993,7 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
   for (int step = 0; step < kSteps; ++step) {
     replayed.flat->grads().copy_(replayed.flat->from_logical(grads[step]));
     graph.replay();
-    const DeviceStepReport report = replayed.optimizer->read_device_report();
+    const StepReport report = replayed.optimizer->read_device_report();
     EXPECT_EQ(describe_report(report), describe_report(eager_reports[step])) << "step " << step;
     EXPECT_TRUE(torch::equal(replayed.flat->values(), eager_values[step])) << "step " << step;
     EXPECT_TRUE(same_state(replayed.optimizer->gather_full_state(), eager_states[step]))

@@ -275,4 +275,63 @@ TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {
   EXPECT_FALSE(torch::equal(flat.values(), before));
 }
 
+// The step policy the optimizer owns on the CPU (the GPU's is in test_fused_optimizer.cpp):
+// the host loss scaler skips and halves on an overflow agreed by all ranks, the schedule counts
+// applied steps only (Note [Schedule step]), the gradients are zeroed after every step, and
+// resume() continues the counters and the scaler.
+TEST(ZeroStepPolicy, ScalerScheduleAndZeroedGradientsOnTheHost) {
+  Communicator comm(MPI_COMM_WORLD);
+  std::vector<std::string> names = {"a", "b"};
+  std::vector<at::Tensor> parameters = {torch::ones({5, 3}).requires_grad_(),
+                                        torch::ones({7}).requires_grad_()};
+  ReducerOptions reducer_options;
+  BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
+  FlatParameters flat(names, parameters, std::move(layout));
+  Reducer reducer(flat, comm, reducer_options);
+  ZeroOptions options;
+  options.stage = 1;
+  options.check_overflow = true;
+  LossScalerOptions scaling;
+  scaling.initial_scale_power = 4;
+  scaling.hysteresis = 1;  // every overflow halves the scale
+  options.loss_scaling = scaling;
+  options.lr_schedule = LrScheduleParams{LrScheduleKind::kWarmup, WarmupType::kLinear, 1e-2, 10, 0.0};
+  ZeroOptimizer optimizer(flat, reducer, comm, options);
+  EXPECT_EQ(optimizer.scale_loss(torch::full({}, 3.0), 0.5).item<double>(), 3.0 * 16 * 0.5);
+
+  const bool overflow_at[] = {false, true, false, true, false};
+  int64_t applied = 0;
+  double scale = 16;
+  for (bool overflow : overflow_at) {
+    flat.grads().fill_(0.5);
+    if (overflow && comm.rank() == 0) flat.grads()[2] = std::numeric_limits<float>::infinity();
+    reducer.begin_backward(true);
+    reducer.finish_backward();
+    optimizer.step();
+    const StepReport report = optimizer.report();
+    EXPECT_EQ(report.last_overflow, overflow) << "rank " << comm.rank();
+    EXPECT_TRUE(torch::equal(flat.grads(), torch::zeros_like(flat.grads()))) << "gradients zeroed";
+    if (overflow) {
+      scale /= 2;
+    } else {
+      EXPECT_EQ(report.last_lr, lr_at(*options.lr_schedule, applied)) << applied << " applied before";
+      ++applied;
+    }
+    EXPECT_EQ(report.loss_scale, scale);
+    EXPECT_EQ(report.adam_steps, applied);
+  }
+  const StepReport last = optimizer.report();
+  EXPECT_EQ(last.global_step, 5);
+  EXPECT_EQ(last.skipped_steps, 2);
+  EXPECT_EQ(last.scaler.skipped_steps, 2);
+
+  ZeroOptimizer resumed(flat, reducer, comm, options);
+  resumed.load_full_state(optimizer.gather_full_state());
+  resumed.resume(last.global_step, last.adam_steps, last.scaler);
+  const StepReport continued = resumed.report();
+  EXPECT_EQ(continued.global_step, last.global_step);
+  EXPECT_EQ(continued.skipped_steps, last.skipped_steps);
+  EXPECT_EQ(continued.loss_scale, last.loss_scale);
+}
+
 }  // namespace

@@ -23,7 +23,13 @@
 //                         With the NCCL backend the host never waits, so a whole training step
 //                         can be captured in a CUDA graph and replayed (the buffers it uses are
 //                         allocated at construction and on every (re)layout, never per step).
-// On the CPU, step() runs ATen operations (adam_update), and the device methods throw.
+// On the CPU, step(lr, loss_scale) runs ATen operations (adam_update), and the device methods
+// throw.
+//
+// The step policy lives here on both devices, as DeepSpeed's ZeRO optimizer keeps its loss
+// scaler: the fp16 loss scaler (a LossScaler on the host, the device scaler on a GPU), the
+// learning-rate schedule (Note [Schedule step]) and zeroing the gradients after each step. The
+// trainer multiplies its loss by scale_loss(), calls step(), and reads report().
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,11 +52,11 @@ struct ZeroOptions {
   AdamOptions adam;
   double clip_grad = 0.0;       // max global norm; 0 = off
   bool check_overflow = false;  // fp16: look for inf/nan and skip the step on every rank
-  // step_on_device only: the learning-rate schedule, evaluated at the steps applied so far
-  // (Note [Schedule step] in lr_schedule.h). Absent: adam.lr throughout.
+  // step() and step_on_device(): the learning-rate schedule, evaluated at the steps applied so
+  // far (Note [Schedule step] in lr_schedule.h). Absent: adam.lr throughout.
   std::optional<LrScheduleParams> lr_schedule;
-  // step_on_device only: fp16 loss scaling kept on the GPU, with LossScaler's rules (needs
-  // check_overflow). Absent: the loss scale is 1.
+  // step() and step_on_device(): fp16 loss scaling with LossScaler's rules, on the host or kept
+  // on the GPU (needs check_overflow). Absent: the loss scale is 1.
   std::optional<LossScalerOptions> loss_scaling;
 };
 
@@ -60,8 +66,9 @@ struct StepOutcome {
   double gather_ms = 0.0; // time in the all-gather of parameters (stages 1, 2)
 };
 
-// What the device step has counted and learnt (read_device_report): for log lines and checkpoints.
-struct DeviceStepReport {
+// What the steps have counted and learnt (report, read_device_report): for log lines and
+// checkpoints.
+struct StepReport {
   int64_t global_step = 0;     // optimizer steps taken or skipped
   int64_t adam_steps = 0;      // steps applied (FullOptimizerState::steps)
   int64_t skipped_steps = 0;   // global_step - adam_steps
@@ -69,7 +76,7 @@ struct DeviceStepReport {
   double last_grad_norm = 0.0; // the latest step's unscaled global norm before clipping; 0 if skipped
   double last_lr = 0.0;        // the latest step's learning rate
   bool last_overflow = false;  // the latest step was skipped
-  LossScalerState scaler;      // the device loss scaler, as LossScaler::state() (checkpoints)
+  LossScalerState scaler;      // the loss scaler, as LossScaler::state() (checkpoints)
   bool scaler_failed = false;  // an overflow at the minimum loss scale: the run cannot go on
 };
 
@@ -86,6 +93,21 @@ class ZeroOptimizer {
  public:
   ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicator& comm, ZeroOptions options);
 
+  // --- The step policy (see the top of this file).
+  // The loss to call backward on: loss x the current loss scale x `averaging`
+  // (Note [Gradient averaging] in trainer.cpp). No host sync on a GPU.
+  at::Tensor scale_loss(const at::Tensor& loss, double averaging) const;
+  // One optimizer step with the owned schedule and scaler, then the gradients are zeroed. On a
+  // GPU it is queued (step_on_device) and may be captured in a CUDA graph; on the CPU the host
+  // scaler learns of an overflow at once (and throws Error at its minimum scale, as
+  // LossScaler::update). Collective.
+  void step();
+  // The counters, the last step and the scaler. GPU: waits for the current stream.
+  StepReport report() const;
+  // For a resume, after load_full_state: the counters and the scaler continue from these.
+  void resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
+
+  // --- The steps underneath, for tests and for the policy above.
   // Gradients in the flat buffer (stages 0, 1) or the reducer's partition (stage 2) are the sum
   // over ranks of each rank's gradient of loss * loss_scale / (world size * grad_accum)
   // (Note [Gradient averaging]). Collective.
@@ -99,11 +121,11 @@ class ZeroOptimizer {
   // GPU: the current loss scale, a 1-element fp32 tensor on the device, updated by every
   // step_on_device (multiply the loss by it: no host sync). Undefined on the CPU.
   const at::Tensor& loss_scale_tensor() const { return loss_scale_; }
-  // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known). Before a step is
-  // captured: a captured step keeps the schedule it was captured with.
+  // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known), for both paths.
+  // Before a step is captured: a captured step keeps the schedule it was captured with.
   void set_lr_schedule(const LrScheduleParams& schedule);
   // GPU: one small copy to the host (waits for the current stream).
-  DeviceStepReport read_device_report() const;
+  StepReport read_device_report() const;
   // GPU, for a resume: the counters and the loss scaler continue from these. After
   // load_full_state (which sets adam_steps from FullOptimizerState::steps too).
   void load_device_state(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
@@ -146,6 +168,11 @@ class ZeroOptimizer {
   Communicator& comm_;
   ZeroOptions options_;
   int64_t steps_ = 0;  // steps applied, on the CPU (on a GPU the device state counts them)
+  // step() on the CPU: steps taken or skipped, the last one's outcome and lr, the fp16 scaler.
+  int64_t host_global_step_ = 0;
+  StepOutcome host_last_outcome_;
+  double host_last_lr_ = 0.0;
+  std::optional<LossScaler> host_scaler_;
   at::Tensor master_;  // fp32; partition (stages 1, 2) or whole; undefined when params are fp32 master
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;

@@ -674,7 +674,10 @@ struct Trainer::Impl {
     Stopwatch phase;
     optimizer->step();
     // The first step that was taken decides the bucket layout (a read of the GPU, once).
-    if (!buckets_rebuilt && !optimizer->report().last_overflow) rebuild_buckets();
+    if (!buckets_rebuilt && !optimizer->report().last_overflow) {
+      optimizer->rebuild_buckets();
+      buckets_rebuilt = true;
+    }
     times.optimizer_ms += phase.elapsed_ms();
   }
 
@@ -707,20 +710,6 @@ struct Trainer::Impl {
     graph_labels.copy_(batch.labels);
     step_graph.replay();
     return true;
-  }
-
-  // After the first step, the buckets follow the order in which gradients became ready.
-  void rebuild_buckets() {
-    buckets_rebuilt = true;
-    BucketLayout layout = reducer->rebuilt_layout();
-    bool same = layout.buckets.size() == flat.layout().buckets.size();
-    for (size_t b = 0; same && b < layout.buckets.size(); ++b)
-      same = layout.buckets[b].parameters == flat.layout().buckets[b].parameters;
-    if (same) return;
-    const FullOptimizerState state = optimizer->gather_full_state();
-    flat.relayout(std::move(layout));
-    reducer->reset_buckets();
-    optimizer->relayout(state);
   }
 
   EvalResult evaluate() {

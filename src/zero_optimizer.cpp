@@ -249,6 +249,20 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   }
 }
 
+bool ZeroOptimizer::rebuild_buckets() {
+  BucketLayout layout = reducer_.rebuilt_layout();
+  const BucketLayout& current = flat_.layout();
+  bool same = layout.buckets.size() == current.buckets.size();
+  for (size_t b = 0; same && b < layout.buckets.size(); ++b)
+    same = layout.buckets[b].parameters == current.buckets[b].parameters;
+  if (same) return false;
+  const FullOptimizerState state = gather_full_state();
+  flat_.relayout(std::move(layout));
+  reducer_.reset_buckets();
+  load_full_state(state);  // re-partitions for the new layout
+  return true;
+}
+
 #ifdef HPC_TRAIN_WITH_CUDA
 
 namespace {

@@ -137,8 +137,12 @@ class ZeroOptimizer {
 
   FullOptimizerState gather_full_state();  // collective
   void load_full_state(const FullOptimizerState& state);
-  // After flat.relayout() and reducer.reset_buckets(): carries `state` (gathered before) over.
-  void relayout(const FullOptimizerState& state) { load_full_state(state); }
+
+  // After the first step that was taken: the buckets follow the order in which the gradients
+  // became ready (Reducer::rebuilt_layout). The one place a layout changes: the flat storage,
+  // the reducer and this optimizer take it together, the state carried over. Returns whether
+  // it changed. Collective.
+  bool rebuild_buckets();
 
  private:
   struct HostStepInputs {  // step()'s arguments, for the device path

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "data/hdf5_util.h"
+#include "hpc_train/atomic_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/safetensors.h"
@@ -131,16 +132,8 @@ std::string find_inconsistency(const Checkpoint& checkpoint) {
 
 // --- Files and directories ----------------------------------------------------------------
 
-// Note [POSIX file calls]: listing, removing, renaming and syncing use POSIX calls, not
-// std::filesystem: with the PyTorch wheel's LibTorch linked in, std::filesystem::remove_all
-// crashed on the GPU machine, and fsync has no std::filesystem equivalent anyway.
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
+// Listing and removing use POSIX calls, as the atomic write does (Note [Atomic file write]:
+// std::filesystem::remove_all crashed on the GPU machine with the PyTorch wheel's LibTorch).
 
 // mkdir -p: every missing component of `directory`, then a check that it is one.
 void make_directories(const std::string& directory) {
@@ -153,33 +146,6 @@ void make_directories(const std::string& directory) {
   struct stat status {};
   if (::stat(directory.c_str(), &status) != 0 || !S_ISDIR(status.st_mode))
     throw Error(directory + " is not a directory");
-}
-
-void sync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open " + path + " to sync it: " + system_error());
-  const int rc = ::fsync(fd);
-  const std::string error = rc != 0 ? system_error() : "";
-  ::close(fd);
-  if (rc != 0) throw Error("cannot sync " + path + ": " + error);
-}
-
-// Best effort: some file systems (several network ones) refuse fsync on a directory; the file is
-// complete either way, and a crash can then only lose the rename, leaving the older checkpoints.
-void sync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
-// The complete temporary file becomes `path`: its data durable first, then the rename, then the
-// directory entry.
-void commit(const std::string& temporary, const std::string& path) {
-  sync_file(temporary);
-  if (::rename(temporary.c_str(), path.c_str()) != 0)
-    throw Error("cannot rename " + temporary + " to " + path + ": " + system_error());
-  sync_directory(directory_of(path));
 }
 
 // step-<digits>.h5 -> the step; anything else (temporaries included) -> -1.
@@ -772,7 +738,11 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
   int rank = 0, world = 1;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &world));
+  // Note [Atomic file write]: rank 0 owns the temporary file (it removes it unless committed);
+  // in a collective write the other ranks write their shares into it by name.
   const std::string temporary = path + kTemporarySuffix;
+  std::optional<AtomicFile> file;
+  if (rank == 0) file.emplace(path, kTemporarySuffix);
   // Runs `rank_zero_part` on rank 0; every rank then throws its error, or none does, so that no
   // rank waits for another that gave up.
   auto agree = [&](auto&& rank_zero_part) {
@@ -781,7 +751,6 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
       try {
         rank_zero_part();
       } catch (const std::exception& e) {
-        ::unlink(temporary.c_str());
         failure = failed + e.what();
       }
     }
@@ -793,7 +762,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
     agree([&] {
       make_directories(directory_of(path));
       write_file(temporary, checkpoint, comm, WriterPart{});
-      commit(temporary, path);
+      file->commit();
     });
     return;
   }
@@ -801,12 +770,11 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
   try {
     write_file(temporary, checkpoint, comm, WriterPart{true, rank, world});
   } catch (const Error& e) {
-    if (rank == 0) ::unlink(temporary.c_str());
     throw Error(failed + e.what());
   }
   // Every rank's share is in the file, synced and closed, before rank 0 renames it.
   MPI_CHECK(MPI_Barrier(comm));
-  agree([&] { commit(temporary, path); });
+  agree([&] { file->commit(); });
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

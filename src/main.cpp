@@ -17,6 +17,7 @@
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/deepspeed_config.h"
 #include "hpc_train/error.h"
+#include "hpc_train/atomic_file.h"
 #include "hpc_train/run_dir.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/stop_signal.h"

@@ -1,10 +1,7 @@
 #include "hpc_train/run_dir.h"
 
-#include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
@@ -32,19 +29,6 @@ std::string create_run_directory(const Runtime& runtime, const std::string& requ
                         (error ? error.message() : "a file of that name exists") + ")");
   });
   return broadcast_string(runtime.world(), path, 0);
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("cannot write " + temporary + ": " + std::strerror(errno));
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw Error("cannot rename " + temporary + " to " + path + ": " + error.message());
 }
 
 }  // namespace hpc_train

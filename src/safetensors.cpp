@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "hpc_train/atomic_file.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -76,8 +77,7 @@ bool is_valid_utf8(const std::string& text) {
   }
 }
 
-// --- writing ---
-
+// A file opened for reading, closed when it goes.
 class FileDescriptor {
  public:
   explicit FileDescriptor(int fd) : fd_(fd) {}
@@ -88,63 +88,12 @@ class FileDescriptor {
   FileDescriptor& operator=(const FileDescriptor&) = delete;
 
   int get() const { return fd_; }
-  // Closes now, so that the caller sees the error close() may report (NFS reports write errors
-  // there).
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
 
  private:
   int fd_;
 };
 
-// Removes the temporary file unless the rename happened.
-class TemporaryFileGuard {
- public:
-  explicit TemporaryFileGuard(std::string path) : path_(std::move(path)) {}
-  ~TemporaryFileGuard() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  TemporaryFileGuard(const TemporaryFileGuard&) = delete;
-  TemporaryFileGuard& operator=(const TemporaryFileGuard&) = delete;
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
-void write_all(int fd, const void* data, size_t bytes, const std::string& temporary_path) {
-  const auto* cursor = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t written = ::write(fd, cursor, bytes);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      throw Error("cannot write " + temporary_path + ": " + system_error());
-    }
-    cursor += written;
-    bytes -= static_cast<size_t>(written);
-  }
-}
-
-std::string directory_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// After a rename, the directory entry is durable only once the directory is synced. Best
-// effort: some file systems (several network ones) refuse fsync on a directory, and the file
-// itself is complete either way; a crash can then only lose the rename, leaving the old file.
-void sync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
+// --- writing ---
 
 void check_entries(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
                    const std::map<std::string, std::string>& metadata) {
@@ -348,24 +297,12 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
   for (size_t i = 0; i < kLengthFieldBytes; ++i)
     length_field[i] = static_cast<unsigned char>(header_bytes >> (8 * i));
 
-  // The process id keeps two writers (two jobs sharing a directory) off each other's file; a
-  // leftover of a crashed writer with the same id is simply overwritten.
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  FileDescriptor file(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-  if (file.get() < 0)
-    throw Error("cannot create " + temporary + " (to write " + path + "): " + system_error());
-  TemporaryFileGuard guard(temporary);
-
-  write_all(file.get(), length_field, sizeof(length_field), temporary);
-  write_all(file.get(), header_text.data(), header_text.size(), temporary);
-  for (const size_t index : order)
-    write_all(file.get(), tensors[index].data, tensors[index].bytes, temporary);
-  if (::fsync(file.get()) != 0) throw Error("cannot sync " + temporary + ": " + system_error());
-  if (file.close() != 0) throw Error("cannot close " + temporary + ": " + system_error());
-  if (::rename(temporary.c_str(), path.c_str()) != 0)
-    throw Error("cannot rename " + temporary + " to " + path + ": " + system_error());
-  guard.commit();
-  sync_directory(directory_of(path));
+  // Note [Atomic file write].
+  AtomicFile file(path);
+  file.append(length_field, sizeof(length_field));
+  file.append(header_text.data(), header_text.size());
+  for (const size_t index : order) file.append(tensors[index].data, tensors[index].bytes);
+  file.commit();
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

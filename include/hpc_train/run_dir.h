@@ -15,8 +15,4 @@ std::string default_run_dir();
 // every rank gets the path. Ends the job (agreed) with a ConfigError when it cannot be created.
 std::string create_run_directory(const Runtime& runtime, const std::string& requested);
 
-// Writes `text` to `path` through a temporary file and a rename, so that a reader never sees
-// half a file. Throws Error naming the path.
-void write_file_atomically(const std::string& path, const std::string& text);
-
 }  // namespace hpc_train

@@ -15,6 +15,7 @@
 
 #include "hpc_train/batch_loader.h"
 #include "hpc_train/checkpoint.h"
+#include "hpc_train/checkpoint_files.h"
 #include "hpc_train/device_input.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/epoch_plan.h"

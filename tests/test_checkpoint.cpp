@@ -21,6 +21,7 @@
 #include <random>
 
 #include "hpc_train/checkpoint.h"
+#include "hpc_train/checkpoint_files.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"

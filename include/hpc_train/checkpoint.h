@@ -36,9 +36,10 @@
 // stored, little-endian): HDF5 checksums its metadata but not the data, and a flipped bit in the
 // master weights must not resume silently.
 //
-// Files live in <run_dir>/checkpoints as step-<global step, 8 digits or more>.h5. A write goes
-// to "<name>.tmp" first and is renamed when complete, so a crash leaves the earlier files as they
-// were and at most one temporary file, which readers ignore and prune_checkpoints deletes.
+// Files live in <run_dir>/checkpoints as step-<global step, 8 digits or more>.h5
+// (checkpoint_files.h). A write goes to "<name>.tmp" first and is renamed when complete
+// (Note [Atomic file write]), so a crash leaves the earlier files as they were and at most one
+// temporary file, which readers ignore and prune_checkpoints deletes.
 #pragma once
 
 #include <mpi.h>
@@ -148,25 +149,6 @@ void check_checkpoint_fits(
 // the GPU alike. `run_scaling`: the run's fp16 scaling, absent for bf16 and fp32.
 bool continues_loss_scaler(const Checkpoint& checkpoint,
                            const std::optional<LossScalerOptions>& run_scaling);
-
-// <run_dir>/checkpoints and the name of the checkpoint of a step in it ("step-00001234.h5",
-// zero-padded so that names sort by step up to 10^8 - 1; readers order by the number anyway).
-// Throws Error for a negative step.
-std::string checkpoint_directory(const std::string& run_dir);
-std::string checkpoint_path(const std::string& run_dir, int64_t global_step);
-
-// The newest checkpoint in <run_dir>/checkpoints that reads back complete (read_checkpoint
-// succeeds), or nullopt when there is none (also when the directory does not exist). Temporary
-// files and names that are not step-<digits>.h5 are ignored; a newer file that does not read back
-// is skipped with a line appended to *warnings (naming it and why) when warnings is not null.
-// Throws Error when the directory exists but cannot be listed.
-std::optional<std::string> find_latest_checkpoint(const std::string& run_dir,
-                                                  std::vector<std::string>* warnings = nullptr);
-
-// Deletes all but the newest `keep` checkpoints in <run_dir>/checkpoints (keep <= 0: keeps all),
-// and temporary files left by an interrupted write. Rank 0 only (not collective), and never while
-// a write into that directory is in progress. Throws Error naming a file it cannot delete.
-void prune_checkpoints(const std::string& run_dir, int keep);
 
 // The model's weights as safetensors (write_safetensors from safetensors.h): model_state under its
 // names (F32; I64 for num_batches_tracked, shape []), metadata format="hpc_train weights", model,

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "hpc_train/checkpoint.h"
+#include "hpc_train/checkpoint_files.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 

@@ -20,6 +20,10 @@ CommBackendKind parse_comm_backend(const std::string& name) {
   throw ConfigError("--backend " + name + ": use mpi, nccl, none (one rank) or auto");
 }
 
+const char* comm_backend_name(CommBackendKind kind) {
+  return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
+}
+
 bool nccl_available() {
 #ifdef HPC_TRAIN_WITH_CUDA
   return true;

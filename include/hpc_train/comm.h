@@ -38,6 +38,8 @@ enum class CommBackendKind { kMpi, kNccl, kNone };
 
 // "mpi" | "nccl" -> the kind; ConfigError otherwise.
 CommBackendKind parse_comm_backend(const std::string& name);
+// The kind's name: "mpi", "nccl" or "none".
+const char* comm_backend_name(CommBackendKind kind);
 // Whether this build can run NCCL (LibTorch with CUDA).
 bool nccl_available();
 

@@ -3,12 +3,14 @@
 // the job, and test_comm_timeout.sh runs them and checks how.
 //
 // Built a second time with HPC_TRAIN_TEST_ON_GPU (GPU build, label gpu, 1 rank): the NCCL
-// backend's watchdog, with CUDA graph capture, instead.
+// backend's watchdog, with CUDA graph capture, and aborts racing launches, instead.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -264,6 +266,37 @@ TEST(NcclWatchdog, DISABLED_StalledNcclOperationEndsTheJob) {
   comm.all_reduce(t, ReduceOp::kSum, "bucket 9").wait();
   std::this_thread::sleep_for(kElsewhere);
   ADD_FAILURE() << "the watchdog did not end the job";
+}
+
+// Note [Abort and launch] in comm_nccl.cpp: an abort (the watchdog's) while another thread
+// launches collectives as fast as it can. Every launch either runs before the abort or throws the
+// abort's reason; none uses the aborted communicator (which would crash, or fail inside NCCL
+// with another message). Last in this file: the communicator it aborts is gone afterwards.
+TEST(NcclAbort, LaunchesRacingAnAbortThrowItsReason) {
+  std::unique_ptr<hpc_train::CommBackend> backend =
+      hpc_train::make_nccl_backend(MPI_COMM_WORLD, /*cuda_device=*/0);
+  at::Tensor t = at::ones({1 << 16}, on_gpu());
+  backend->all_reduce(t, ReduceOp::kSum, "before the race").wait();
+  std::atomic<int64_t> launched{0};
+  std::atomic<bool> launcher_done{false};
+  std::string thrown;  // the launcher's; read after join
+  std::thread launcher([&] {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    try {
+      while (std::chrono::steady_clock::now() < give_up) {
+        backend->all_reduce(t, ReduceOp::kSum, "racing").wait();
+        ++launched;
+      }
+    } catch (const hpc_train::Error& e) {
+      thrown = e.what();
+    }
+    launcher_done = true;
+  });
+  while (launched.load() < 1000 && !launcher_done.load()) std::this_thread::yield();
+  backend->abort("comm: test abort");
+  launcher.join();
+  EXPECT_EQ(thrown, "comm: test abort; the NCCL communicator was aborted");
+  EXPECT_THROW(backend->all_reduce(t, ReduceOp::kSum, "after the abort"), hpc_train::Error);
 }
 
 #endif  // HPC_TRAIN_TEST_ON_GPU

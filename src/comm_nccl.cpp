@@ -18,13 +18,13 @@
 // training thread may be launching a collective on the same communicator. ncclCommAbort frees
 // the communicator: a launch running concurrently, or one after it, would use freed memory, or
 // queue a kernel that waits forever for peers that have stopped. So every use of comm_ after
-// construction holds launch_mutex_: a launch, the async-error query, the abort, the
-// destruction. A launch checks, under the lock, that no abort has begun (aborting_, which abort
-// sets before it takes the lock), so it is either queued completely before ncclCommAbort (which
-// then ends its kernels as it ends every collective in flight) or throws Error with the abort's
-// reason without touching comm_. A launch also checks before it takes the lock, so that once an
-// abort has begun no launch waits for it: ncclCommAbort may block for as long as the GPU is held
-// up.
+// construction holds launch_mutex_: a launch, the replay of a captured graph that holds
+// collectives (launch_captured), the async-error query, the abort, the destruction. A launch
+// checks, under the lock, that no abort has begun (aborting_, which abort sets before it takes
+// the lock), so it is either queued completely before ncclCommAbort (which then ends its kernels
+// as it ends every collective in flight) or throws Error with the abort's reason without
+// touching comm_. A launch also checks before it takes the lock, so that once an abort has begun
+// no launch waits for it: ncclCommAbort may block for as long as the GPU is held up.
 // Launches hold the lock only while work is queued (host calls that return once the GPU has
 // it), never while anything waits for the GPU or a peer: Work::wait makes a stream wait on an
 // event and Work::test queries one, and neither touches comm_. An abort therefore waits at most
@@ -39,6 +39,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -220,6 +221,14 @@ class NcclBackend : public CommBackend {
     if (aborted_) return;
     aborted_ = true;
     ncclCommAbort(comm_);
+  }
+
+  // A graph replay launches the collectives captured in it (Note [Abort and launch]).
+  void launch_captured(const std::function<void()>& launch) override {
+    throw_if_aborting();
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    throw_if_aborting();
+    launch();
   }
 
   Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) override {

@@ -604,8 +604,8 @@ struct Trainer::Impl {
 
   // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
   // graph, captured at the first call (step_graph.h). False when capturing failed: the caller
-  // runs the step eagerly, and no further capture is tried.
-  bool replay_step_graph(const DeviceBatch& batch) {
+  // runs the step eagerly, and no further capture is tried. `step`: the global step, from 0.
+  bool replay_step_graph(const DeviceBatch& batch, int64_t step) {
     if (!step_graph.captured()) {
       graph_input = torch::empty_like(in_model_layout(batch.input));
       graph_labels = torch::empty_like(batch.labels);
@@ -630,7 +630,7 @@ struct Trainer::Impl {
     }
     graph_input.copy_(in_model_layout(batch.input));
     graph_labels.copy_(batch.labels);
-    step_graph.replay();
+    step_graph.replay(comm, "step " + std::to_string(step + 1));
     return true;
   }
 
@@ -882,7 +882,7 @@ struct Trainer::Impl {
         const bool replayed = use_step_graph && sync && buckets_rebuilt &&
                               batch_size == config.micro_batch &&
                               global_step - start.global_step >= kEagerStepsBeforeCapture &&
-                              replay_step_graph(batch);
+                              replay_step_graph(batch, global_step);
         if (replayed) {
           ++summary.graph_replays;
         } else {

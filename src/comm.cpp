@@ -20,6 +20,10 @@ CommBackendKind parse_comm_backend(const std::string& name) {
   throw ConfigError("--backend " + name + ": use mpi, nccl, none (one rank) or auto");
 }
 
+const char* comm_backend_name(CommBackendKind kind) {
+  return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
+}
+
 bool nccl_available() {
 #ifdef HPC_TRAIN_WITH_CUDA
   return true;
@@ -115,6 +119,20 @@ void Communicator::set_capturing(bool capturing) {
   if (watchdog_) watchdog_->set_paused(capturing);
 }
 
+void Communicator::launch_captured(const std::function<void()>& launch) {
+  // A failure the watchdog could not end the job for: the replay's collectives would never
+  // finish (or use an aborted communicator), and nothing would watch them any more.
+  if (watchdog_) {
+    const std::string failure = watchdog_->failure();
+    if (!failure.empty()) throw Error(failure);
+  }
+  backend_->launch_captured(launch);
+}
+
+void Communicator::watch(std::shared_ptr<WatchedOperation> operation) {
+  if (watchdog_) watchdog_->watch(std::move(operation));
+}
+
 // --- Note [Communication watchdog]
 
 CommWatchdog::CommWatchdog(MPI_Comm comm, CommBackend& backend, double timeout_s)
@@ -153,9 +171,14 @@ std::string CommWatchdog::stall_message(const WatchedOperation& operation) const
   char timeout[32];
   std::snprintf(timeout, sizeof(timeout), "%g", timeout_s_);
   return std::string("comm: ") + operation.name() +
-         (operation.label().empty() ? "" : " of " + operation.label()) + " (" +
-         std::to_string(operation.bytes()) + " B) did not finish within " + timeout +
-         " s (backend " + operation.backend() + ")";
+         (operation.label().empty() ? "" : " of " + operation.label()) +
+         (operation.bytes() > 0 ? " (" + std::to_string(operation.bytes()) + " B)" : "") +
+         " did not finish within " + timeout + " s (backend " + operation.backend() + ")";
+}
+
+std::string CommWatchdog::failure() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
 }
 
 namespace {
@@ -200,10 +223,15 @@ void CommWatchdog::end_job(const std::string& message) {
 void CommWatchdog::fail(const std::string& message, bool needs_backend_abort) {
   if (thread_may_call_mpi_) end_job(message);
   // Without MPI_THREAD_MULTIPLE this thread must not call MPI. A stalled MPI operation is ended
-  // by its own waiting thread (see MpiWork); an NCCL failure is reported here, and aborting the
-  // NCCL communicator makes the next NCCL operation throw, which ends the job (runtime.h).
+  // by its own waiting thread (see MpiWork); an NCCL failure or a stalled graph replay is
+  // reported here, and aborting the NCCL communicator makes the next NCCL operation throw, as
+  // the failure recorded here makes the next replay (launch_captured), which ends the job
+  // (runtime.h).
   if (!needs_backend_abort) return;
-  failed_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = message;
+  }
   std::fprintf(stderr, "[%s] %s\n", where_.c_str(), message.c_str());
   std::fflush(stderr);
   backend_.abort(message);
@@ -214,7 +242,7 @@ void CommWatchdog::run() {
   const auto period = std::chrono::duration<double, std::milli>(kWatchdogPollMs);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
-    if (failed_ || paused_.load()) continue;
+    if (!failure_.empty() || paused_.load()) continue;
     // Operations that finished leave; the oldest unfinished one is first.
     in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
                                     [](const auto& op) { return op->poll_finished(); }),

@@ -12,6 +12,25 @@
 // The watchdog (Note [Communication watchdog] in comm.h) learns of completion from the "done"
 // event, queried from its own thread, and of NCCL's asynchronous errors from
 // ncclCommGetAsyncError; captured operations are left alone (Note [Graph capture]).
+//
+// Note [Abort and launch]
+// The watchdog's thread (or, ending the job, a thread of its own) calls ncclCommAbort while the
+// training thread may be launching a collective on the same communicator. ncclCommAbort frees
+// the communicator: a launch running concurrently, or one after it, would use freed memory, or
+// queue a kernel that waits forever for peers that have stopped. So every use of comm_ after
+// construction holds launch_mutex_: a launch, the replay of a captured graph that holds
+// collectives (launch_captured), the async-error query, the abort, the destruction. A launch
+// checks, under the lock, that no abort has begun (aborting_, which abort sets before it takes
+// the lock), so it is either queued completely before ncclCommAbort (which then ends its kernels
+// as it ends every collective in flight) or throws Error with the abort's reason without
+// touching comm_. A launch also checks before it takes the lock, so that once an abort has begun
+// no launch waits for it: ncclCommAbort may block for as long as the GPU is held up.
+// Launches hold the lock only while work is queued (host calls that return once the GPU has
+// it), never while anything waits for the GPU or a peer: Work::wait makes a stream wait on an
+// event and Work::test queries one, and neither touches comm_. An abort therefore waits at most
+// for one enqueue. If an enqueue blocks itself (a full launch queue, a peer that never connects),
+// the abort waits with it; CommWatchdog::end_job gives the abort a few seconds
+// (kBackendAbortGrace in comm.cpp) and then ends the job regardless, so nothing hangs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -20,6 +39,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -157,7 +177,10 @@ class NcclBackend : public CommBackend {
   }
 
   ~NcclBackend() override {
-    if (!comm_ || aborted_.load()) return;
+    // Under the lock against an abort from the thread that ends the job (Note [Abort and
+    // launch]); no launch can follow, so waiting under it here delays nobody.
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    if (!comm_ || aborted_) return;
     // Unwinding towards MPI_Abort: the other ranks may be stuck in a collective, and
     // ncclCommDestroy would wait for them; abort instead (Note [Ending the job]).
     if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
@@ -175,7 +198,8 @@ class NcclBackend : public CommBackend {
   void set_capturing(bool capturing) override { capturing_->store(capturing); }
 
   std::string async_error() override {
-    if (aborted_.load()) return {};
+    std::lock_guard<std::mutex> lock(launch_mutex_);  // Note [Abort and launch]
+    if (aborted_) return {};
     ncclResult_t result = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &result) != ncclSuccess || result == ncclSuccess ||
         result == ncclInProgress)
@@ -186,13 +210,25 @@ class NcclBackend : public CommBackend {
   }
 
   // Ends the collectives in flight, so that no kernel waits forever for a peer; later
-  // operations throw `reason`.
+  // operations throw `reason` (Note [Abort and launch]).
   void abort(const std::string& reason) override {
     {
-      std::lock_guard<std::mutex> lock(abort_mutex_);
-      abort_reason_ = reason;
+      std::lock_guard<std::mutex> lock(reason_mutex_);
+      if (abort_reason_.empty()) abort_reason_ = reason;
     }
-    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+    aborting_.store(true);
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+
+  // A graph replay launches the collectives captured in it (Note [Abort and launch]).
+  void launch_captured(const std::function<void()>& launch) override {
+    throw_if_aborting();
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    throw_if_aborting();
+    launch();
   }
 
   Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) override {
@@ -241,19 +277,20 @@ class NcclBackend : public CommBackend {
   template <typename Collective>
   Work launch(const char* name, const std::string& label, std::vector<at::Tensor> tensors,
               Collective&& collective) {
-    if (aborted_.load()) {
-      std::lock_guard<std::mutex> lock(abort_mutex_);
-      throw Error(abort_reason_ + "; the NCCL communicator was aborted");
-    }
     c10::cuda::CUDAGuard guard(device_);
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_).stream();
     const bool captured = capturing_->load() || is_capturing(caller);
     Event ready;
-    CUDA_CHECK(cudaEventRecord(ready.get(), caller));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready.get(), 0));
-    collective(stream_.stream());
     auto done = std::make_shared<Event>();
-    CUDA_CHECK(cudaEventRecord(done->get(), stream_.stream()));
+    throw_if_aborting();
+    {
+      std::lock_guard<std::mutex> lock(launch_mutex_);  // Note [Abort and launch]
+      throw_if_aborting();
+      CUDA_CHECK(cudaEventRecord(ready.get(), caller));
+      CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready.get(), 0));
+      collective(stream_.stream());
+      CUDA_CHECK(cudaEventRecord(done->get(), stream_.stream()));
+    }
     if (watchdog() && !captured) {
       const at::Tensor& first = tensors.front();
       watchdog()->watch(std::make_shared<NcclOperation>(
@@ -263,6 +300,12 @@ class NcclBackend : public CommBackend {
         std::make_unique<NcclWork>(std::move(done), std::move(tensors), captured, capturing_));
   }
 
+  void throw_if_aborting() {
+    if (!aborting_.load()) return;
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    throw Error(abort_reason_ + "; the NCCL communicator was aborted");
+  }
+
   c10::DeviceIndex device_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
@@ -270,9 +313,12 @@ class NcclBackend : public CommBackend {
   int size_ = 1;
   // Communicator::set_capturing; shared with the Works, which answer test() by it.
   std::shared_ptr<std::atomic<bool>> capturing_ = std::make_shared<std::atomic<bool>>(false);
-  std::atomic<bool> aborted_{false};  // by the watchdog; comm_ is gone then
-  std::mutex abort_mutex_;
-  std::string abort_reason_;
+  // Note [Abort and launch]: held around every use of comm_ after construction.
+  std::mutex launch_mutex_;
+  bool aborted_ = false;  // ncclCommAbort was called: comm_ is gone. Under launch_mutex_
+  std::atomic<bool> aborting_{false};  // abort() has begun; set before it takes launch_mutex_
+  std::mutex reason_mutex_;
+  std::string abort_reason_;  // abort()'s; under reason_mutex_
 };
 
 }  // namespace

@@ -119,7 +119,7 @@ const OptionSpec kOptions[] = {
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
     {"comm-timeout", "runtime", &TrainConfig::comm_timeout_s,
-     "seconds a collective may take before the job ends; 0 = no limit"},
+     "seconds a collective or a CUDA-graph replay may take before the job ends; 0 = no limit"},
     {"cuda-graph", "runtime", &TrainConfig::cuda_graph,
      "replay each GPU step as one CUDA graph: off, auto (fall back to eager) or on"},
     {"channels-last", "runtime", &TrainConfig::channels_last,

@@ -3,6 +3,7 @@
 // Reads as a table of contents:
 //   config   -> the command line, INI file and DeepSpeed config       (config.h, deepspeed_config.h)
 //   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
+//   placement -> every rank's device and backend, agreed by all     (placement.h)
 //   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
 //   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h)
 //   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
@@ -16,8 +17,9 @@
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/deepspeed_config.h"
-#include "hpc_train/error.h"
 #include "hpc_train/atomic_file.h"
+#include "hpc_train/error.h"
+#include "hpc_train/placement.h"
 #include "hpc_train/run_dir.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/stop_signal.h"
@@ -50,10 +52,14 @@ int main(int argc, char** argv) {
     config.run_dir = create_run_directory(runtime, config.run_dir);
     const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
     set_compute_threads(threads);
+    // Two phases: a rank whose probe fails must not leave the others waiting in
+    // resolve_placement's collective.
+    RankDevices devices;
+    run_agreed_phase(runtime,
+                     [&] { devices = probe_devices(runtime.hostname(), runtime.local_rank()); });
     Placement placement;
-    run_agreed_phase(runtime, [&] {
-      placement = resolve_placement(config, runtime.local_rank(), runtime.local_size());
-    });
+    run_agreed_phase(runtime,
+                     [&] { placement = resolve_placement(config, runtime.world(), devices); });
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);

@@ -1,5 +1,6 @@
 #include "hpc_train/step_graph.h"
 
+#include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 
 #ifdef HPC_TRAIN_WITH_CUDA
@@ -9,8 +10,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
+
+#include "hpc_train/cuda_check.h"
+#include "hpc_train/gpu_stall.h"
 #endif
 
 namespace hpc_train {
@@ -48,8 +55,88 @@ TrainingStreamScope::~TrainingStreamScope() {
   }
 }
 
+namespace {
+
+// A replay as the watchdog sees it (Note [Communication watchdog]): finished when the event
+// recorded after it on the stream has completed. Queried from the watchdog's thread only, as
+// the NCCL backend's operations are (comm_nccl.cpp); an error other than "not ready" counts as
+// finished, because the training thread's next CUDA call reports it.
+class ReplayOperation : public WatchedOperation {
+ public:
+  // With `device` current.
+  ReplayOperation(CommBackendKind backend, const std::string& label, c10::DeviceIndex device)
+      : WatchedOperation(comm_backend_name(backend), "graph replay", label, /*bytes=*/0),
+        device_(device) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~ReplayOperation() override {
+    if (done_) cudaEventDestroy(done_);
+  }
+  // Once, right after the replay was queued on `stream`; before that the event would count as
+  // completed.
+  void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(done_, stream)); }
+
+  bool poll_finished() override {
+    if (WatchedOperation::poll_finished()) return true;
+    prepare_this_thread();
+    if (cudaEventQuery(done_) == cudaErrorNotReady) return false;
+    mark_finished();
+    return true;
+  }
+
+ private:
+  // The NCCL backend prepares the watchdog's thread (CommBackend::prepare_watchdog_thread);
+  // --backend none does not. Either way this thread's CUDA calls go to the replay's device (no
+  // context on device 0) in the thread-local capture mode (Note [Graph capture]).
+  void prepare_this_thread() const {
+    thread_local int prepared_device = -1;
+    if (prepared_device == device_) return;
+    cudaSetDevice(device_);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    prepared_device = device_;
+  }
+
+  c10::DeviceIndex device_;
+  cudaEvent_t done_ = nullptr;
+};
+
+// A test-only fault switch, read here and nowhere else (tests/test_graph_replay_timeout.sh):
+// HPC_TRAIN_TEST_STALL_REPLAY_RANK=R makes rank R hold its training stream up for
+// kTestStallReplayS before its first replay, with a kernel that spins that long and then ends
+// (the GPU is never held for good), as if a peer never joined a collective of the step. The
+// replay cannot finish within a --comm-timeout shorter than that. -1: unset (every real run).
+constexpr double kTestStallReplayS = 30.0;
+
+int test_stall_replay_rank() {
+  const char* value = std::getenv("HPC_TRAIN_TEST_STALL_REPLAY_RANK");
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long rank = std::strtol(value, &end, 10);
+  if (*end != '\0' || rank < 0)
+    throw Error(std::string("HPC_TRAIN_TEST_STALL_REPLAY_RANK=") + value +
+                ": not a rank number (a fault switch for tests; unset it)");
+  return static_cast<int>(rank);
+}
+
+// The line tests/test_graph_replay_timeout.sh measures from (as test_comm.cpp's stalls).
+void announce_test_stall(int rank, const std::string& label) {
+  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+  std::fprintf(stderr,
+               "[rank %d] test fault HPC_TRAIN_TEST_STALL_REPLAY_RANK: graph replay of %s held up "
+               "on the GPU for %g s; stall begins at %lld ms\n",
+               rank, label.c_str(), kTestStallReplayS,
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count()));
+  std::fflush(stderr);
+}
+
+}  // namespace
+
 struct StepGraph::Impl {
   std::optional<at::cuda::CUDAGraph> graph;
+  int test_stall_rank = test_stall_replay_rank();
+  bool test_stalled = false;
 };
 
 StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
@@ -89,9 +176,24 @@ bool StepGraph::capture(const std::function<void()>& enqueue_step, std::string* 
 
 bool StepGraph::captured() const { return impl_->graph.has_value(); }
 
-void StepGraph::replay() {
+void StepGraph::replay(Communicator& comm, const std::string& label) {
   if (!impl_->graph) throw Error("StepGraph::replay: nothing captured");
-  impl_->graph->replay();
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard device(stream.device_index());
+  std::shared_ptr<ReplayOperation> watched;
+  if (comm.timeout_s() > 0)
+    watched = std::make_shared<ReplayOperation>(comm.backend(), label, stream.device_index());
+  const bool test_stall = !impl_->test_stalled && comm.rank() == impl_->test_stall_rank;
+  comm.launch_captured([&] {
+    if (test_stall) {
+      announce_test_stall(comm.rank(), label);
+      launch_gpu_stall(kTestStallReplayS, stream.stream());
+      impl_->test_stalled = true;
+    }
+    impl_->graph->replay();
+    if (watched) watched->record(stream.stream());
+  });
+  if (watched) comm.watch(std::move(watched));
 }
 
 #else
@@ -110,7 +212,9 @@ bool StepGraph::capture(const std::function<void()>&, std::string* why) {
   return false;
 }
 bool StepGraph::captured() const { return false; }
-void StepGraph::replay() { throw Error("StepGraph::replay: this build has no CUDA"); }
+void StepGraph::replay(Communicator&, const std::string&) {
+  throw Error("StepGraph::replay: this build has no CUDA");
+}
 
 #endif
 

@@ -205,41 +205,6 @@ class SampleTrace {
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
-std::string Placement::describe() const {
-  return (cuda ? "GPU " + std::to_string(cuda_device) : std::string("CPU")) + ", " +
-         (backend == CommBackendKind::kNccl ? "nccl"
-          : backend == CommBackendKind::kNone ? "no communication"
-                                              : "mpi");
-}
-
-Placement resolve_placement(const TrainConfig& config, int local_rank, int local_size) {
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  Placement placement;
-  if (config.device == "cuda" && gpus == 0)
-    throw ConfigError("--device cuda: LibTorch sees no GPU here (or was built without CUDA); "
-                      "use --device cpu");
-  placement.cuda = config.device == "cuda" || (config.device == "auto" && gpus > 0);
-  if (placement.cuda) placement.cuda_device = local_rank % gpus;
-  const bool gpu_per_rank = placement.cuda && local_size <= gpus;
-  if (config.backend == "nccl") {
-    if (!nccl_available())
-      throw ConfigError("--backend nccl: this hpc_train was built with a LibTorch without CUDA");
-    if (!gpu_per_rank)
-      throw ConfigError("--backend nccl needs a GPU of its own for every rank (" +
-                        std::to_string(local_size) + " ranks on this node, " +
-                        std::to_string(gpus) + " GPU(s)); use --backend mpi");
-  }
-  if (config.backend == "none") {
-    placement.backend = CommBackendKind::kNone;
-    return placement;
-  }
-  placement.backend = config.backend == "nccl" ||
-                              (config.backend == "auto" && gpu_per_rank && nccl_available())
-                          ? CommBackendKind::kNccl
-                          : CommBackendKind::kMpi;
-  return placement;
-}
-
 nlohmann::json TrainSummary::to_json() const {
   return {{"world_size", world_size},
           {"model", model},
@@ -684,8 +649,8 @@ struct Trainer::Impl {
 
   // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
   // graph, captured at the first call (step_graph.h). False when capturing failed: the caller
-  // runs the step eagerly, and no further capture is tried.
-  bool replay_step_graph(const DeviceBatch& batch) {
+  // runs the step eagerly, and no further capture is tried. `step`: the global step, from 0.
+  bool replay_step_graph(const DeviceBatch& batch, int64_t step) {
     if (!step_graph.captured()) {
       graph_input = torch::empty_like(in_model_layout(batch.input));
       graph_labels = torch::empty_like(batch.labels);
@@ -709,7 +674,7 @@ struct Trainer::Impl {
     }
     graph_input.copy_(in_model_layout(batch.input));
     graph_labels.copy_(batch.labels);
-    step_graph.replay();
+    step_graph.replay(comm, "step " + std::to_string(step + 1));
     return true;
   }
 
@@ -950,7 +915,7 @@ struct Trainer::Impl {
         const bool replayed = use_step_graph && sync && buckets_rebuilt &&
                               batch_size == config.micro_batch &&
                               global_step - start.global_step >= kEagerStepsBeforeCapture &&
-                              replay_step_graph(batch);
+                              replay_step_graph(batch, global_step);
         if (replayed) {
           ++summary.graph_replays;
         } else {

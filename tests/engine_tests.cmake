@@ -5,6 +5,10 @@ target_link_libraries(hpc_train_test_support PUBLIC hpc_train_core)
 
 hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
                    LIBS hpc_train_engine)
+# Placement: the decision over injected reports (GPUs per task, shared GPUs, two nodes, ranks
+# without GPUs), and its agreement over MPI at 1 and 3 ranks.
+hpc_train_add_test(NAME test_placement SOURCES test_placement.cpp RANKS 1 3
+                   LIBS hpc_train_engine TIMEOUT 60)
 hpc_train_add_test(NAME test_optimizer SOURCES test_optimizer.cpp test_flat_parameters.cpp
                    RANKS 1 LIBS hpc_train_engine)
 hpc_train_add_test(NAME test_equivalence SOURCES test_equivalence.cpp RANKS 2 3 TIMEOUT 300

@@ -1,6 +1,6 @@
-# GPU monitoring, MFU and FLOP counts; the communication watchdog's stalls. The GPU halves of
-# test_gpu_monitor.cpp and test_comm.cpp (HPC_TRAIN_TEST_ON_GPU) run only in the GPU build, on
-# one rank with one GPU, under the label gpu.
+# GPU monitoring, MFU and FLOP counts; the communication watchdog's stalls (collectives, and on
+# the GPU graph replays). The GPU halves of test_gpu_monitor.cpp and test_comm.cpp
+# (HPC_TRAIN_TEST_ON_GPU) run only in the GPU build, on one rank with one GPU, under the label gpu.
 hpc_train_add_test(NAME test_gpu_monitor SOURCES test_gpu_monitor.cpp RANKS 1 3
                    LIBS hpc_train_engine)
 
@@ -19,4 +19,8 @@ if(HPC_TRAIN_GPU_BUILD)
                             LABELS gpu)
   set_property(TEST test_comm_timeout_gpu APPEND PROPERTY ENVIRONMENT
                "TEST_COMM=$<TARGET_FILE:test_comm_gpu>;COMM_TIMEOUT_BACKEND=nccl")
+  # hpc_train with CUDA-graph replays: healthy replays never fire; a replay held up on the GPU
+  # (the test-only fault switch HPC_TRAIN_TEST_STALL_REPLAY_RANK) ends the job, naming it.
+  hpc_train_add_script_test(NAME test_graph_replay_timeout SCRIPT test_graph_replay_timeout.sh
+                            TIMEOUT 300 LABELS gpu)
 endif()

@@ -3,12 +3,15 @@
 // the job, and test_comm_timeout.sh runs them and checks how.
 //
 // Built a second time with HPC_TRAIN_TEST_ON_GPU (GPU build, label gpu, 1 rank): the NCCL
-// backend's watchdog, with CUDA graph capture, instead.
+// backend's watchdog, with CUDA graph capture and watched replays, and aborts racing launches,
+// instead.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +24,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include "hpc_train/step_graph.h"
 #endif
 
 using hpc_train::Communicator;
@@ -158,6 +163,24 @@ TEST(CommunicatorTimeout, OutlivesNothingItWatches) {
   EXPECT_FLOAT_EQ(t[0].item<float>(), comm.size());
 }
 
+// Work launched elsewhere that holds the Communicator's collectives (a CUDA graph replay): its
+// launch runs through launch_captured, and it is watched through watch() once a timeout is set.
+TEST(CommunicatorTimeout, WatchesWorkLaunchedElsewhere) {
+  Communicator comm(MPI_COMM_WORLD);
+  bool launched = false;
+  comm.launch_captured([&] { launched = true; });
+  EXPECT_TRUE(launched);
+  // Without a timeout nothing keeps it: it never finishes, and nothing happens.
+  comm.watch(std::make_shared<hpc_train::WatchedOperation>("mpi", "graph replay", "step 1", 0));
+  comm.set_timeout(0.5);
+  auto replay = std::make_shared<hpc_train::WatchedOperation>("mpi", "graph replay", "step 2", 0);
+  comm.watch(replay);
+  replay->mark_finished();
+  // Past the timeout: a finished operation must not end the job.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_EQ(comm.all_reduce_count(1), comm.size());
+}
+
 // --- Stalls on purpose (test_comm_timeout.sh, 2 ranks): rank 1 never joins the collective
 // that rank 0 starts. The watchdog must end the job within a few seconds of its 2 s timeout.
 
@@ -193,6 +216,17 @@ TEST(CommWatchdog, DISABLED_StalledScalarEndsTheJob) {
   announce_stall();
   comm.all_reduce_scalar(1.0, ReduceOp::kSum, "loss");
   ADD_FAILURE() << "the stalled reduction finished";
+}
+
+// Work launched elsewhere and registered with watch() (as a graph replay is) that never finishes
+// (1 rank): the watchdog's thread ends the job, naming it.
+TEST(CommWatchdog, DISABLED_StalledWatchedWorkEndsTheJob) {
+  Communicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(kStallTimeoutS);
+  announce_stall();
+  comm.watch(std::make_shared<hpc_train::WatchedOperation>("mpi", "graph replay", "step 4", 0));
+  std::this_thread::sleep_for(kElsewhere);
+  ADD_FAILURE() << "the watchdog did not end the job";
 }
 
 #else  // HPC_TRAIN_TEST_ON_GPU: one rank, one GPU, the NCCL backend
@@ -249,6 +283,30 @@ TEST(NcclWatchdog, QuietOnAHealthyRun) {
 TEST(NcclWatchdog, LeavesGraphCaptureAloneWhenTold) { capture_and_replay(/*tell=*/true); }
 TEST(NcclWatchdog, LeavesGraphCaptureAloneByDetection) { capture_and_replay(/*tell=*/false); }
 
+// A step captured with StepGraph and replayed through the Communicator: each replay is watched
+// (Note [Communication watchdog]) and, once run, finished; past the timeout nothing fires.
+TEST(NcclWatchdog, WatchedReplaysFinishQuietly) {
+  hpc_train::TrainingStreamScope training_stream(/*cuda=*/true);
+  Communicator comm(MPI_COMM_WORLD, hpc_train::CommBackendKind::kNccl, 0);
+  comm.set_timeout(1.0);
+  at::Tensor t = at::ones({1024}, on_gpu());
+  comm.all_reduce(t, ReduceOp::kSum, "before capture").wait();
+  hpc_train::StepGraph graph;
+  std::string why;
+  comm.set_capturing(true);
+  const bool captured = graph.capture([&] {
+    t.mul_(2);
+    comm.all_reduce(t, ReduceOp::kSum, "captured bucket").wait();
+  }, &why);
+  comm.set_capturing(false);
+  ASSERT_TRUE(captured) << why;
+  for (int step = 1; step <= 5; ++step) graph.replay(comm, "step " + std::to_string(step));
+  EXPECT_FLOAT_EQ(t[0].item<float>(), 32.0f);  // 2^5: every replay ran
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // watchdog rounds past 1 s
+  comm.all_reduce(t, ReduceOp::kSum, "after replays").wait();
+  EXPECT_FLOAT_EQ(t[0].item<float>(), 32.0f);
+}
+
 // Stalls on purpose (test_comm_timeout.sh with COMM_TIMEOUT_BACKEND=nccl): the caller's stream
 // is held up on the host for longer than the timeout, so the collective queued behind it cannot
 // finish in time, as if a peer never joined. The watchdog's thread must end the job.
@@ -264,6 +322,40 @@ TEST(NcclWatchdog, DISABLED_StalledNcclOperationEndsTheJob) {
   comm.all_reduce(t, ReduceOp::kSum, "bucket 9").wait();
   std::this_thread::sleep_for(kElsewhere);
   ADD_FAILURE() << "the watchdog did not end the job";
+}
+
+// Note [Abort and launch] in comm_nccl.cpp: an abort (the watchdog's) while another thread
+// launches collectives as fast as it can. Every launch either runs before the abort or throws the
+// abort's reason; none uses the aborted communicator (which would crash, or fail inside NCCL
+// with another message). Last in this file: the communicator it aborts is gone afterwards.
+TEST(NcclAbort, LaunchesRacingAnAbortThrowItsReason) {
+  std::unique_ptr<hpc_train::CommBackend> backend =
+      hpc_train::make_nccl_backend(MPI_COMM_WORLD, /*cuda_device=*/0);
+  at::Tensor t = at::ones({1 << 16}, on_gpu());
+  backend->all_reduce(t, ReduceOp::kSum, "before the race").wait();
+  std::atomic<int64_t> launched{0};
+  std::atomic<bool> launcher_done{false};
+  std::string thrown;  // the launcher's; read after join
+  std::thread launcher([&] {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    try {
+      while (std::chrono::steady_clock::now() < give_up) {
+        backend->all_reduce(t, ReduceOp::kSum, "racing").wait();
+        ++launched;
+      }
+    } catch (const hpc_train::Error& e) {
+      thrown = e.what();
+    }
+    launcher_done = true;
+  });
+  while (launched.load() < 1000 && !launcher_done.load()) std::this_thread::yield();
+  backend->abort("comm: test abort");
+  launcher.join();
+  EXPECT_EQ(thrown, "comm: test abort; the NCCL communicator was aborted");
+  EXPECT_THROW(backend->all_reduce(t, ReduceOp::kSum, "after the abort"), hpc_train::Error);
+  bool replayed = false;
+  EXPECT_THROW(backend->launch_captured([&] { replayed = true; }), hpc_train::Error);
+  EXPECT_FALSE(replayed);
 }
 
 #endif  // HPC_TRAIN_TEST_ON_GPU

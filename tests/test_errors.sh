@@ -42,6 +42,11 @@ expect_failure zero-micro-batch 2 "--micro-batch" -- --dataset small.h5 --micro-
 expect_failure malformed-number 2 "epochs" -- --dataset small.h5 --epochs ten
 expect_failure unknown-option 2 "--bogus" -- --dataset small.h5 --bogus 1
 expect_failure unknown-model 2 "resnet18" -- --dataset small.h5 --model vgg99
+# Placement is agreed by all ranks (placement.h): with no GPU anywhere, --device cuda names them.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  expect_failure device-cuda-without-gpu 2 \
+    "--device cuda: ranks 0-2 (node $(hostname)) see no GPU" -- --dataset small.h5 --device cuda
+fi
 
 # One rank meets the bad label while the others train on: the job must still end, naming it.
 cp small.h5 bad-label.h5

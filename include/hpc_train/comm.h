@@ -23,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,8 @@ enum class CommBackendKind { kMpi, kNccl, kNone };
 
 // "mpi" | "nccl" -> the kind; ConfigError otherwise.
 CommBackendKind parse_comm_backend(const std::string& name);
+// The kind's name: "mpi", "nccl" or "none".
+const char* comm_backend_name(CommBackendKind kind);
 // Whether this build can run NCCL (LibTorch with CUDA).
 bool nccl_available();
 
@@ -74,18 +77,23 @@ class Work {
 // order) would otherwise hang every rank until the batch system kills the job, without a word
 // about what hung. With a timeout set (Communicator::set_timeout), every operation is registered
 // with the Communicator's watchdog when it starts: what it is (all_reduce, ...), its label, its
-// bytes and its start time. An operation is finished when
+// bytes and its start time. So is each replay of a CUDA graph that holds a step's collectives,
+// as one operation (Communicator::watch; "graph replay" of "step N", no bytes). An operation is
+// finished when
 //   mpi   its Work has observed completion (MPI_Wait/MPI_Test returned it), or the Work was
 //         dropped unwaited (an exception unwinds: no one waits for it any more);
 //   nccl  its "done" event has completed (cudaEventQuery from the watchdog's thread; the compute
-//         stream is never synchronised).
+//         stream is never synchronised);
+//   graph replay  the event recorded after the replay on the training stream has completed
+//         (queried likewise; step_graph.cpp).
 // A thread polls every kWatchdogPollMs: an operation unfinished after the timeout, or an
 // asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of <label> (<bytes> B)
-// did not finish within <T> s (backend mpi|nccl)`, ncclCommAbort, then MPI_Abort, so that no rank
-// hangs. The thread calls MPI_Abort only where MPI granted MPI_THREAD_MULTIPLE; so that this does
-// not matter for MPI operations, a watched MPI wait polls with MPI_Test and ends the job from the
-// waiting thread itself once the operation is overdue. (Without MPI_THREAD_MULTIPLE, an NCCL
-// failure aborts the NCCL communicator, and the next NCCL operation throws Error.)
+// did not finish within <T> s (backend mpi|nccl|none)`, ncclCommAbort, then MPI_Abort, so that
+// no rank hangs. The thread calls MPI_Abort only where MPI granted MPI_THREAD_MULTIPLE; so that
+// this does not matter for MPI operations, a watched MPI wait polls with MPI_Test and ends the
+// job from the waiting thread itself once the operation is overdue. (Without
+// MPI_THREAD_MULTIPLE, an NCCL failure aborts the NCCL communicator, and the next NCCL operation
+// or graph replay throws Error; so does the next replay after any failure the thread reported.)
 // The timeout counts from when the operation was issued, which for NCCL may be before the GPU
 // reaches it; it is meant to be far longer than any step (default 300 s).
 //
@@ -95,10 +103,10 @@ class Work {
 // captures (Communicator::set_capturing), and whenever the NCCL backend sees for itself that the
 // caller's stream is being captured (cudaStreamIsCapturing): operations are not registered with
 // the watchdog (nothing is launched until the graph is replayed, so a timeout would mean
-// nothing; replays are not timed), Work::test() answers false for captured operations and
-// whenever the calling thread captures, and the watchdog's thread pauses. That thread also uses
-// the thread-local capture mode, so that its queries of earlier, uncaptured operations could not
-// disturb a capture elsewhere anyway.
+// nothing; each replay is watched instead, as one operation), Work::test() answers false for
+// captured operations and whenever the calling thread captures, and the watchdog's thread
+// pauses. That thread also uses the thread-local capture mode, so that its queries of earlier,
+// uncaptured operations could not disturb a capture elsewhere anyway.
 class CommWatchdog;
 
 constexpr double kWatchdogPollMs = 100.0;
@@ -114,10 +122,10 @@ class WatchedOperation {
   WatchedOperation(const WatchedOperation&) = delete;
   WatchedOperation& operator=(const WatchedOperation&) = delete;
 
-  const char* backend() const { return backend_; }  // "mpi" | "nccl"
-  const char* name() const { return name_; }        // "all_reduce", "broadcast", ...
+  const char* backend() const { return backend_; }  // comm_backend_name: "mpi", "nccl", "none"
+  const char* name() const { return name_; }        // "all_reduce", ..., "graph replay"
   const std::string& label() const { return label_; }
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const { return bytes_; }  // 0: not a transfer (a graph replay)
   Clock::time_point started() const { return started_; }
 
   void mark_finished() { finished_.store(true, std::memory_order_release); }
@@ -148,6 +156,12 @@ class CommBackend {
   void set_watchdog(std::shared_ptr<CommWatchdog> watchdog) { watchdog_ = std::move(watchdog); }
   // Note [Graph capture]. MPI operations run on the host and are never captured.
   virtual void set_capturing(bool capturing) { (void)capturing; }
+
+  // Runs `launch`, which queues work holding this backend's collectives that was captured
+  // earlier (a CUDA graph replay), as the backend launches its own: NCCL never while its
+  // communicator is aborted, and throws Error after an abort (Note [Abort and launch] in
+  // comm_nccl.cpp).
+  virtual void launch_captured(const std::function<void()>& launch) { launch(); }
 
   // For the watchdog's thread (Note [Communication watchdog]). MPI reports its errors where they
   // happen and has no communicator of its own to abort, so these do nothing there.
@@ -180,8 +194,11 @@ class CommWatchdog {
   // Prints `[rank R@host] message`, aborts the backend's communicator and ends the job
   // (MPI_Abort). The first caller does so; a concurrent second one waits for the end.
   [[noreturn]] void end_job(const std::string& message);
-  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi)"
+  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi)"; no
+  // bytes for a graph replay
   std::string stall_message(const WatchedOperation& operation) const;
+  // What the thread reported without ending the job (no MPI_THREAD_MULTIPLE); empty if nothing.
+  std::string failure();
 
  private:
   void run();
@@ -196,7 +213,7 @@ class CommWatchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
-  bool failed_ = false;  // the thread reported a failure it could not end the job for
+  std::string failure_;  // the failure the thread reported but could not end the job for
   std::vector<std::shared_ptr<WatchedOperation>> in_flight_;
   std::atomic<bool> paused_{false};
   std::atomic<bool> ending_{false};
@@ -228,6 +245,13 @@ class Communicator {
   // with false after (Note [Graph capture]): captured operations are not watched, Work::test()
   // queries no events, and the watchdog pauses meanwhile.
   void set_capturing(bool capturing);
+  // Launches such a graph: runs `launch` (which queues the replay) as the backend launches its
+  // own operations (CommBackend::launch_captured). Throws Error instead when the watchdog has
+  // reported a failure or the backend was aborted.
+  void launch_captured(const std::function<void()>& launch);
+  // Registers work that is not one of this Communicator's operations but holds them (a graph
+  // replay) with the watchdog; nothing without a timeout (Note [Communication watchdog]).
+  void watch(std::shared_ptr<WatchedOperation> operation);
 
   // Tensors are contiguous, of float, double, int32, int64, half or bfloat16 (with MPI, half
   // and bfloat16 are summed in float by an MPI operation of ours); on the host or a GPU with

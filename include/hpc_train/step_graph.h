@@ -20,6 +20,8 @@
 
 namespace hpc_train {
 
+class Communicator;
+
 bool cuda_graphs_available();
 
 // For its lifetime, a stream of its own is the current CUDA stream of the calling thread (GPU
@@ -51,8 +53,11 @@ class StepGraph {
   // capture failed (an operation that cannot be captured); the streams are usable afterwards.
   bool capture(const std::function<void()>& enqueue_step, std::string* why);
   bool captured() const;
-  // Launches the captured step on the current stream.
-  void replay();
+  // Launches the captured step on the current stream, through `comm` (whose collectives it
+  // holds: Communicator::launch_captured), and registers the replay with comm's watchdog as one
+  // operation, "graph replay" of `label` ("step 12"), finished when the stream has run it
+  // (Note [Communication watchdog] in comm.h). Throws Error once the watchdog has failed.
+  void replay(Communicator& comm, const std::string& label);
 
  private:
   struct Impl;

@@ -18,6 +18,7 @@
 #include "hpc_train/comm.h"
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
+#include "hpc_train/placement.h"
 
 namespace hpc_train {
 
@@ -26,21 +27,6 @@ struct TrainerOutput {
   bool print = true;        // rank 0 prints progress and epoch lines
   bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
 };
-
-// Where this rank computes and how it communicates.
-struct Placement {
-  bool cuda = false;
-  int cuda_device = 0;  // the local rank modulo the visible GPUs (CUDA_VISIBLE_DEVICES applies)
-  CommBackendKind backend = CommBackendKind::kMpi;
-  std::string describe() const;  // e.g. "GPU 0, nccl"
-};
-
-// From --device and --backend and the rank's place on its node: auto means a GPU per rank where
-// LibTorch sees GPUs, and NCCL where each rank has a GPU of its own (NCCL refuses two ranks on one
-// GPU: more ranks than GPUs on a node fall back to MPI, staged through the host). Throws
-// ConfigError for what cannot work (--device cuda without a GPU, --backend nccl without one GPU
-// per rank or without CUDA in this build).
-Placement resolve_placement(const TrainConfig& config, int local_rank, int local_size);
 
 struct EvalResult {
   double loss = 0.0;       // mean cross entropy over the split

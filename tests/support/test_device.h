@@ -10,7 +10,7 @@
 #include <string>
 
 #include "hpc_train/config.h"
-#include "hpc_train/trainer.h"
+#include "hpc_train/placement.h"
 
 namespace hpc_train::test_support {
 
@@ -25,10 +25,9 @@ inline Placement test_placement(TrainConfig& config, MPI_Comm comm) {
   // TF32 convolutions would differ from the fp32 reference by far more than rounding.
   at::globalContext().setAllowTF32CuDNN(false);
   config.device = "cuda";
-  int rank = 0, size = 1;
+  int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  return resolve_placement(config, rank, size);
+  return resolve_placement(config, comm, probe_devices("localhost", rank));
 }
 
 // Relative difference allowed between parameters of runs that differ only in how the batch is

@@ -1,0 +1,324 @@
+// Placement (Note [Agreed placement] in placement.h). The decision is a pure function of every
+// rank's report, so jobs this machine cannot host (GPUs per task, two nodes, ranks without GPUs)
+// are tested with injected reports: node names, visible GPU counts and PCI bus ids. Then the
+// collective resolve_placement at 1 and 3 ranks: every rank gathers the same reports and gets its
+// own place, or every rank throws the same ConfigError.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "hpc_train/comm.h"
+#include "hpc_train/config.h"
+#include "hpc_train/error.h"
+#include "hpc_train/placement.h"
+
+using hpc_train::CommBackendKind;
+using hpc_train::ConfigError;
+using hpc_train::decide_placement;
+using hpc_train::Placement;
+using hpc_train::RankDevices;
+using hpc_train::TrainConfig;
+
+namespace {
+
+TrainConfig with(const std::string& device, const std::string& backend) {
+  TrainConfig config;
+  config.device = device;
+  config.backend = backend;
+  return config;
+}
+
+std::string bus(int n) {
+  char id[16];
+  std::snprintf(id, sizeof(id), "0000:%02x:00.0", n);
+  return id;
+}
+
+// `ranks` ranks on node `host` (local ranks 0..ranks-1), each seeing `gpus` GPUs: one of its own
+// (per_task: every rank's only GPU is a different one) or the node's, shared (rank takes
+// local_rank % gpus).
+std::vector<RankDevices> node(const std::string& host, int ranks, int gpus, bool per_task) {
+  std::vector<RankDevices> reports;
+  for (int local = 0; local < ranks; ++local) {
+    RankDevices r;
+    r.host = host;
+    r.local_rank = local;
+    r.visible_gpus = gpus;
+    if (gpus > 0) r.bus_id = per_task ? bus(0x10 + local) : bus(0x10 + local % gpus);
+    reports.push_back(r);
+  }
+  return reports;
+}
+
+std::vector<RankDevices> join(std::vector<RankDevices> a, const std::vector<RankDevices>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The ConfigError's message; fails the test when there is none.
+std::string refusal(const TrainConfig& config, const std::vector<RankDevices>& ranks,
+                    bool nccl_built = true) {
+  try {
+    decide_placement(config, ranks, nccl_built);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError for --device " << config.device << " --backend "
+                << config.backend;
+  return {};
+}
+
+void expect_everywhere(const std::vector<Placement>& placements, bool cuda, CommBackendKind backend,
+                       const std::vector<int>& devices) {
+  ASSERT_EQ(placements.size(), devices.size());
+  for (size_t r = 0; r < placements.size(); ++r) {
+    EXPECT_EQ(placements[r].cuda, cuda) << "rank " << r;
+    EXPECT_STREQ(hpc_train::comm_backend_name(placements[r].backend),
+                 hpc_train::comm_backend_name(backend))
+        << "rank " << r;
+    EXPECT_EQ(placements[r].cuda_device, devices[r]) << "rank " << r;
+  }
+}
+
+}  // namespace
+
+// srun --gpus-per-task=1: each of 4 ranks sees exactly one GPU, a different one, numbered 0 by
+// CUDA in every rank. Four ranks and one visible GPU each is no reason for the MPI path.
+TEST(DecidePlacement, OneGpuPerTaskUsesNccl) {
+  const std::vector<RankDevices> ranks = node("a", 4, 1, /*per_task=*/true);
+  expect_everywhere(decide_placement(with("auto", "auto"), ranks, true), true,
+                    CommBackendKind::kNccl, {0, 0, 0, 0});
+  expect_everywhere(decide_placement(with("auto", "nccl"), ranks, true), true,
+                    CommBackendKind::kNccl, {0, 0, 0, 0});
+  expect_everywhere(decide_placement(with("cuda", "nccl"), ranks, true), true,
+                    CommBackendKind::kNccl, {0, 0, 0, 0});
+}
+
+// mpirun on a node with 4 GPUs visible to every rank: local rank r takes GPU r.
+TEST(DecidePlacement, SharedVisibilityOneGpuEachUsesNccl) {
+  const std::vector<RankDevices> ranks = node("a", 4, 4, /*per_task=*/false);
+  expect_everywhere(decide_placement(with("auto", "auto"), ranks, true), true,
+                    CommBackendKind::kNccl, {0, 1, 2, 3});
+  expect_everywhere(decide_placement(with("auto", "nccl"), ranks, true), true,
+                    CommBackendKind::kNccl, {0, 1, 2, 3});
+}
+
+// More ranks than GPUs: ranks share, auto stages through MPI, nccl is refused naming who shares.
+TEST(DecidePlacement, SharedGpusFallBackToMpiAndRefuseNccl) {
+  const std::vector<RankDevices> one_gpu = node("a", 3, 1, /*per_task=*/false);
+  expect_everywhere(decide_placement(with("auto", "auto"), one_gpu, true), true,
+                    CommBackendKind::kMpi, {0, 0, 0});
+  EXPECT_EQ(refusal(with("auto", "nccl"), one_gpu),
+            "--backend nccl needs a GPU of its own for every rank: ranks 0-2 (node a) share GPU "
+            "0000:10:00.0; use --backend mpi, or one GPU per rank (e.g. srun --gpus-per-task=1)");
+
+  const std::vector<RankDevices> two_gpus = node("a", 4, 2, /*per_task=*/false);
+  expect_everywhere(decide_placement(with("auto", "auto"), two_gpus, true), true,
+                    CommBackendKind::kMpi, {0, 1, 0, 1});
+  const std::string message = refusal(with("cuda", "nccl"), two_gpus);
+  EXPECT_NE(message.find("ranks 0,2 (node a) share GPU 0000:10:00.0, ranks 1,3 (node a) share GPU "
+                         "0000:11:00.0"),
+            std::string::npos)
+      << message;
+}
+
+// One rank sharing among ranks with GPUs of their own is enough to keep NCCL away.
+TEST(DecidePlacement, OnePairSharingIsEnoughForMpi) {
+  std::vector<RankDevices> ranks = node("a", 4, 1, /*per_task=*/true);
+  ranks[3].bus_id = ranks[1].bus_id;  // ranks 1 and 3 were given the same GPU
+  expect_everywhere(decide_placement(with("auto", "auto"), ranks, true), true,
+                    CommBackendKind::kMpi, {0, 0, 0, 0});
+  EXPECT_NE(refusal(with("auto", "nccl"), ranks).find("ranks 1,3 (node a) share GPU 0000:11:00.0"),
+            std::string::npos);
+}
+
+// Two nodes whose GPUs have the same bus ids: a GPU is named by its node and its bus id.
+TEST(DecidePlacement, TwoNodesWithTheSameBusIds) {
+  const std::vector<RankDevices> per_task = join(node("a", 2, 1, true), node("b", 2, 1, true));
+  expect_everywhere(decide_placement(with("auto", "auto"), per_task, true), true,
+                    CommBackendKind::kNccl, {0, 0, 0, 0});
+  const std::vector<RankDevices> shared = join(node("a", 2, 2, false), node("b", 2, 2, false));
+  expect_everywhere(decide_placement(with("auto", "nccl"), shared, true), true,
+                    CommBackendKind::kNccl, {0, 1, 0, 1});
+  // Node b has more ranks than GPUs: the whole job takes MPI, not only node b.
+  const std::vector<RankDevices> crowded = join(node("a", 2, 2, false), node("b", 3, 2, false));
+  expect_everywhere(decide_placement(with("auto", "auto"), crowded, true), true,
+                    CommBackendKind::kMpi, {0, 1, 0, 1, 0});
+  EXPECT_NE(
+      refusal(with("auto", "nccl"), crowded).find("ranks 2,4 (node b) share GPU 0000:10:00.0"),
+      std::string::npos);
+}
+
+// Some ranks see a GPU, some do not: no placement is agreed, and the message names both sides.
+TEST(DecidePlacement, MixedGpuAndCpuRanksAreRefused) {
+  // Ranks 0 and 2 on node a with a GPU each, rank 1 on node b without.
+  std::vector<RankDevices> ranks = {node("a", 1, 1, true)[0], node("b", 1, 0, false)[0],
+                                    node("a", 2, 1, true)[1]};
+  const std::string both_sides = "ranks 0,2 (node a) see a GPU, rank 1 (node b) sees none";
+  for (const char* backend : {"auto", "mpi", "nccl", "none"}) {
+    EXPECT_EQ(refusal(with("auto", backend), ranks),
+              "--device auto: " + both_sides +
+                  "; make a GPU visible to every rank, or use --device cpu")
+        << backend;
+    EXPECT_NE(refusal(with("cuda", backend), ranks).find("--device cuda: " + both_sides),
+              std::string::npos)
+        << backend;
+  }
+  // --device cpu asks nothing of the GPUs.
+  expect_everywhere(decide_placement(with("cpu", "auto"), ranks, true), false,
+                    CommBackendKind::kMpi, {0, 0, 0});
+}
+
+// Both sides spread over several nodes, in ranges.
+TEST(DecidePlacement, MixedSidesOverManyNodes) {
+  const std::vector<RankDevices> ranks =
+      join(join(node("a", 4, 1, true), node("b", 2, 0, false)), node("c", 3, 1, true));
+  EXPECT_NE(refusal(with("auto", "auto"), ranks)
+                .find("ranks 0-3 (node a), 6-8 (node c) see a GPU, ranks 4,5 (node b) see none"),
+            std::string::npos);
+}
+
+TEST(DecidePlacement, DeviceCudaWithoutAnyGpu) {
+  const std::vector<RankDevices> ranks = node("a", 3, 0, false);
+  EXPECT_EQ(refusal(with("cuda", "auto"), ranks),
+            "--device cuda: ranks 0-2 (node a) see no GPU (LibTorch sees none, or this hpc_train "
+            "was built without CUDA); use --device cpu");
+  EXPECT_NE(
+      refusal(with("cuda", "mpi"), node("a", 1, 0, false)).find("rank 0 (node a) sees no GPU"),
+      std::string::npos);
+  // auto without GPUs anywhere is the CPU and MPI; nccl cannot run there.
+  expect_everywhere(decide_placement(with("auto", "auto"), ranks, true), false,
+                    CommBackendKind::kMpi, {0, 0, 0});
+  EXPECT_EQ(refusal(with("auto", "nccl"), ranks),
+            "--backend nccl needs a GPU of its own for every rank, and the ranks run on the CPU "
+            "(--device auto); use --backend mpi");
+}
+
+TEST(DecidePlacement, DeviceCpuWithGpusVisible) {
+  const std::vector<RankDevices> ranks = node("a", 2, 2, false);
+  expect_everywhere(decide_placement(with("cpu", "auto"), ranks, true), false,
+                    CommBackendKind::kMpi, {0, 0});
+  EXPECT_NE(refusal(with("cpu", "nccl"), ranks).find("run on the CPU (--device cpu)"),
+            std::string::npos);
+}
+
+// A build without NCCL: auto stays on MPI, nccl is refused whatever the GPUs.
+TEST(DecidePlacement, BuildWithoutNccl) {
+  const std::vector<RankDevices> ranks = node("a", 2, 1, /*per_task=*/true);
+  expect_everywhere(decide_placement(with("auto", "auto"), ranks, /*nccl_built=*/false), true,
+                    CommBackendKind::kMpi, {0, 0});
+  EXPECT_EQ(refusal(with("auto", "nccl"), ranks, /*nccl_built=*/false),
+            "--backend nccl: this hpc_train was built with a LibTorch without CUDA");
+}
+
+// --backend none keeps the device's choice; the Communicator insists on one rank.
+TEST(DecidePlacement, BackendNoneAndMpi) {
+  expect_everywhere(decide_placement(with("auto", "none"), node("a", 1, 1, true), true), true,
+                    CommBackendKind::kNone, {0});
+  expect_everywhere(decide_placement(with("auto", "none"), node("a", 1, 0, false), true), false,
+                    CommBackendKind::kNone, {0});
+  expect_everywhere(decide_placement(with("auto", "mpi"), node("a", 2, 2, false), true), true,
+                    CommBackendKind::kMpi, {0, 1});
+}
+
+TEST(Placement, Describes) {
+  Placement p;
+  EXPECT_EQ(p.describe(), "CPU, mpi");
+  p.cuda = true;
+  p.cuda_device = 1;
+  p.backend = CommBackendKind::kNccl;
+  EXPECT_EQ(p.describe(), "GPU 1, nccl");
+  p.cuda = false;
+  p.backend = CommBackendKind::kNone;
+  EXPECT_EQ(p.describe(), "CPU, no communication");
+}
+
+TEST(Placement, ChoosesTheDevice) {
+  EXPECT_EQ(hpc_train::choose_cuda_device(0, 1), 0);
+  EXPECT_EQ(hpc_train::choose_cuda_device(3, 1), 0);  // its only GPU
+  EXPECT_EQ(hpc_train::choose_cuda_device(3, 2), 1);
+  EXPECT_EQ(hpc_train::choose_cuda_device(5, 8), 5);
+}
+
+// --- Over MPI, at 1 and 3 ranks: rank r plays local rank r % 2 of node "n<r / 2>".
+
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+RankDevices report(int gpus, const std::string& bus_id) {
+  RankDevices mine;
+  mine.host = "n" + std::to_string(world_rank() / 2);
+  mine.local_rank = world_rank() % 2;
+  mine.visible_gpus = gpus;
+  mine.bus_id = bus_id;
+  return mine;
+}
+
+}  // namespace
+
+TEST(ResolvePlacement, EveryRankWithAGpuOfItsOwn) {
+  const Placement p = hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD,
+                                                   report(1, bus(0x20 + world_rank())), true);
+  EXPECT_TRUE(p.cuda);
+  EXPECT_EQ(p.cuda_device, 0);
+  EXPECT_EQ(p.backend, CommBackendKind::kNccl);
+}
+
+// Each node has one GPU, of bus 0x20: ranks 0 and 1 (node n0) share theirs, rank 2 (node n1)
+// has its own; the whole job takes MPI.
+TEST(ResolvePlacement, RanksSharingAGpuAgreeOnMpi) {
+  const Placement p = hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD,
+                                                   report(1, bus(0x20)), true);
+  EXPECT_TRUE(p.cuda);
+  EXPECT_EQ(p.cuda_device, 0);
+  EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kMpi : CommBackendKind::kNccl);
+}
+
+// The last rank sees no GPU: with more than one rank, every rank throws the same ConfigError.
+TEST(ResolvePlacement, MixedRanksAllRefuseAlike) {
+  const bool last = world_rank() == world_size() - 1;
+  const RankDevices mine = last ? report(0, "") : report(1, bus(0x30 + world_rank()));
+  if (world_size() == 1) {
+    const Placement p =
+        hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine, true);
+    EXPECT_FALSE(p.cuda);
+    EXPECT_EQ(p.backend, CommBackendKind::kMpi);
+    return;
+  }
+  ASSERT_EQ(world_size(), 3) << "written for 1 and 3 ranks";
+  try {
+    hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine, true);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--device auto: ranks 0,1 (node n0) see a GPU, rank 2 (node n1) sees none; make a "
+              "GPU visible to every rank, or use --device cpu");
+  }
+}
+
+// This build's own report. A CPU build sees no GPU, and so runs on the CPU with MPI.
+TEST(ResolvePlacement, ThisBuildsReport) {
+  const RankDevices mine = hpc_train::probe_devices("here", world_rank());
+  EXPECT_EQ(mine.host, "here");
+  EXPECT_EQ(mine.local_rank, world_rank());
+  EXPECT_EQ(mine.visible_gpus == 0, mine.bus_id.empty());
+  if (hpc_train::nccl_available()) return;  // a GPU build: whatever this machine has
+  EXPECT_EQ(mine.visible_gpus, 0);
+  const Placement p = hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine);
+  EXPECT_FALSE(p.cuda);
+  EXPECT_EQ(p.backend, CommBackendKind::kMpi);
+}

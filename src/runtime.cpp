@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <vector>
@@ -140,6 +141,26 @@ int compute_threads_per_rank(int local_size, int requested) {
   const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : hardware;
   // A rank bound to its own cores owns them; unbound ranks share the node's cores evenly.
   return std::max(1, std::min(allowed, hardware / std::max(1, local_size)));
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0)
+    throw Error("sysconf cannot say how much memory this node has");
+  return static_cast<int64_t>(pages) * page_bytes;
+}
+
+std::string memory_text(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  size_t unit = 0;
+  while (bytes >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g %s", bytes, kUnits[unit]);
+  return text;
 }
 
 bool stdout_is_terminal() {

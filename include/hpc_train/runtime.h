@@ -15,6 +15,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -65,6 +66,14 @@ int run_or_abort(const Runtime& runtime, const std::function<int()>& body);
 // Intra-op threads for LibTorch on this rank: the cores this process may run on, shared with
 // the other ranks of the node (at least 1). `requested` > 0 wins.
 int compute_threads_per_rank(int local_size, int requested);
+
+// This node's physical memory in bytes (what sysconf reports), for the checks that refuse, before
+// anything is allocated, inputs that could never fit (dataset_file.h, validate_for_dataset).
+int64_t physical_memory_bytes();
+
+// `bytes` for messages, in the largest binary unit that keeps it at 1 or more, four
+// significant digits: "784 B", "6.891 KiB", "23.43 GiB", "8 TiB".
+std::string memory_text(double bytes);
 
 // Whether this process's standard output reaches a terminal. Under Open MPI's mpirun a rank's
 // stdout is always a pseudo-terminal, so there the question goes to mpirun's own stdout (a

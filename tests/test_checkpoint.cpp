@@ -497,7 +497,7 @@ TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
   contents.info.channels = 1;
   contents.info.height = 2;
   contents.info.width = 2;
-  contents.train_images.assign(8, 7);
+  contents.train_images = {0, 1, 2, 3, 4, 5, 6, 7};  // not one value: std 0 is not written
   contents.train_labels = {0, 1};
   write_dataset_file(dataset_file, contents);
   expect_data_error(dataset_file, {"not an hpc_train checkpoint"});

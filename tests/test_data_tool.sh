@@ -116,9 +116,10 @@ bad_convert "t10k-labels-idx1-ubyte: no such file (nor"
 compgen -G "bad.h5.partial-*" >/dev/null && fail "a failed conversion left a temporary file"
 expect_failure 3 "no such directory" "$tool" convert mnist idx no/such/dir/x.h5
 
-# --- CIFAR-10 binary: 5 train batches of 1 record, a test batch of 2
+# --- CIFAR-10 binary: 5 train batches of 1 record, a test batch of 2; each image one value,
+# 64 + its label, so that the train images' std is not 0 (the writer refuses that)
 mkdir -p cifar/cifar-10-batches-bin
-record() { bytes "$1"; head -c 3072 /dev/zero | tr '\0' '\177'; }
+record() { bytes "$1"; head -c 3072 /dev/zero | tr '\0' "\\$(printf '%03o' $((64 + $1)))"; }
 for b in 1 2 3 4 5; do record "$b" >"cifar/cifar-10-batches-bin/data_batch_$b.bin"; done
 { record 0; record 9; } >cifar/cifar-10-batches-bin/test_batch.bin
 line=$("$tool" convert cifar10 cifar cifar.h5)

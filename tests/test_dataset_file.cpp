@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "hpc_train/batch_loader.h"
 #include "hpc_train/dataset_file.h"
@@ -93,7 +94,7 @@ void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got
 }
 
 template <typename F>
-void expect_data_error(F&& f, std::initializer_list<std::string> parts) {
+void expect_data_error(F&& f, const std::vector<std::string>& parts) {
   try {
     f();
     ADD_FAILURE() << "no DataError thrown";
@@ -124,6 +125,35 @@ void replace_dataset(hid_t file, const char* name, hid_t type, std::vector<hsize
   }
   H5Dclose(dataset);
   H5Sclose(space);
+}
+
+// A chunked dataset of `dims` that is never written: HDF5 stores no data for it, so a tiny
+// file can declare a split of any size, even one whose byte count overflows 64 bits.
+void replace_with_unwritten_dataset(hid_t file, const char* name, hid_t type,
+                                    std::vector<hsize_t> dims) {
+  ASSERT_GE(H5Ldelete(file, name, H5P_DEFAULT), 0);
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  std::vector<hsize_t> chunk(dims);
+  chunk[0] = 16;
+  const hid_t layout = H5Pcreate(H5P_DATASET_CREATE);
+  ASSERT_GE(H5Pset_chunk(layout, static_cast<int>(chunk.size()), chunk.data()), 0);
+  const hid_t dataset = H5Dcreate2(file, name, type, space, H5P_DEFAULT, layout, H5P_DEFAULT);
+  ASSERT_GE(dataset, 0);
+  H5Dclose(dataset);
+  H5Pclose(layout);
+  H5Sclose(space);
+}
+
+void write_label(hid_t file, const char* name, hsize_t index, int64_t value) {
+  const hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+  const hid_t space = H5Dget_space(dataset);
+  const hsize_t one = 1;
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, &index, nullptr, &one, nullptr);
+  const hid_t memory = H5Screate_simple(1, &one, nullptr);
+  EXPECT_GE(H5Dwrite(dataset, H5T_NATIVE_INT64, memory, space, H5P_DEFAULT, &value), 0);
+  H5Sclose(memory);
+  H5Sclose(space);
+  H5Dclose(dataset);
 }
 
 void replace_integer_attribute(hid_t file, const char* name, int64_t value) {
@@ -287,6 +317,23 @@ TEST_F(DatasetFileTest, WriteRejectsInconsistentContents) {
         c.train_images.clear();
       },
       {out, "the train split is empty"});
+  // Channel 1 is 200 in every pixel of every train image: its std is 0, which the reader
+  // refuses (the test images do not count).
+  expect_rejected(
+      [](DatasetContents& c) {
+        for (int64_t s = 0; s < kTrain; ++s)
+          std::fill_n(c.train_images.begin() + s * kSampleBytes + kHeight * kWidth,
+                      kHeight * kWidth, uint8_t{200});
+      },
+      {"cannot write " + out, "channel 1 has the same value in every pixel of every train "
+                               "image (std 0)"});
+  expect_rejected(
+      [](DatasetContents& c) {
+        c.info.channels = int64_t{1} << 40;
+        c.info.height = int64_t{1} << 40;
+      },
+      {out, "image shape 1099511627776x1099511627776x5 (attributes channels, height, width): "
+            "C x H x W bytes a sample overflows a 64-bit count"});
   // Nothing left behind: neither the final name nor the temporary one.
   std::vector<std::string> left;
   for (const auto& entry : fs::directory_iterator(dir_)) left.push_back(entry.path().string());
@@ -401,35 +448,84 @@ TEST_F(DatasetFileTest, OpenRejectsForeignFiles) {
   }
 }
 
-TEST_F(DatasetFileTest, ReadRejectsBadIndexAndLabel) {
-  const std::string corrupt = foreign("corrupt_label.h5", [](hid_t f) {
-    const hid_t dataset = H5Dopen2(f, "/train/labels", H5P_DEFAULT);
-    const hid_t space = H5Dget_space(dataset);
-    const hsize_t index = 20, one = 1;
-    H5Sselect_hyperslab(space, H5S_SELECT_SET, &index, nullptr, &one, nullptr);
-    const hid_t memory = H5Screate_simple(1, &one, nullptr);
-    const int64_t value = 12;
-    EXPECT_GE(H5Dwrite(dataset, H5T_NATIVE_INT64, memory, space, H5P_DEFAULT, &value), 0);
-    H5Sclose(memory);
-    H5Sclose(space);
-    H5Dclose(dataset);
-  });
+TEST_F(DatasetFileTest, ReadRejectsBadIndex) {
   std::vector<uint8_t> images(3 * kSampleBytes);
   std::vector<int64_t> labels(3);
   for (FileAccess access : accesses()) {
     SCOPED_TRACE(access_name(access));
-    const DatasetFile file = DatasetFile::open(corrupt, access, MPI_COMM_WORLD);
+    const DatasetFile file = DatasetFile::open(valid_, access, MPI_COMM_WORLD);
     expect_data_error(
         [&] { file.read_samples(Split::kTrain, {1, 37, 2}, images.data(), labels.data()); },
-        {"corrupt_label.h5: index 37 is outside /train (37 samples)"});
+        {"valid.h5: index 37 is outside /train (37 samples)"});
     expect_data_error(
         [&] { file.read_samples(Split::kTest, {-1}, images.data(), labels.data()); },
         {"index -1 is outside /test (5 samples)"});
-    expect_data_error(
-        [&] { file.read_samples(Split::kTrain, {19, 20, 21}, images.data(), labels.data()); },
-        {"corrupt_label.h5: /train/labels[20] = 12 is outside [0, 4)"});
     file.read_samples(Split::kTrain, {19, 21, 0}, images.data(), labels.data());  // fine
     expect_sample(Split::kTrain, 21, images.data() + kSampleBytes, labels[1]);
+  }
+}
+
+// What open() refuses beyond the layout: every label of both splits out of [0, num_classes),
+// wherever it sits (the last train sample, a test sample: reads of the first steps would not
+// meet them); mean/std that would make the inputs inf or NaN; byte counts that overflow 64 bits;
+// labels that could not fit in memory. Every rank alike, nothing hangs.
+TEST_F(DatasetFileTest, OpenChecksEveryLabelAttributesAndSizes) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const int64_t big = int64_t{1} << 32;
+  struct Case {
+    std::string file;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {foreign("last_train_label.h5", [](hid_t f) { write_label(f, "/train/labels", 36, 4); }),
+       {"last_train_label.h5: /train/labels[36] = 4 is outside [0, 4)"}},
+      {foreign("test_label.h5", [](hid_t f) { write_label(f, "/test/labels", 3, -1); }),
+       {"test_label.h5: /test/labels[3] = -1 is outside [0, 4)"}},
+      {foreign("std_zero.h5", [](hid_t f) { replace_float_attribute(f, "std", {0.5f, 0.0f}); }),
+       {"std_zero.h5: attribute 'std'[1] = 0, expected a finite number > 0"}},
+      {foreign("std_nan.h5", [&](hid_t f) { replace_float_attribute(f, "std", {nan, 0.5f}); }),
+       {"std_nan.h5: attribute 'std'[0] = nan, expected a finite number > 0"}},
+      {foreign("std_negative.h5",
+               [](hid_t f) { replace_float_attribute(f, "std", {0.5f, -0.25f}); }),
+       {"std_negative.h5: attribute 'std'[1] = -0.25, expected a finite number > 0"}},
+      {foreign("std_inf.h5", [&](hid_t f) { replace_float_attribute(f, "std", {inf, 0.5f}); }),
+       {"std_inf.h5: attribute 'std'[0] = inf"}},
+      {foreign("mean_nan.h5", [&](hid_t f) { replace_float_attribute(f, "mean", {0.5f, nan}); }),
+       {"mean_nan.h5: attribute 'mean'[1] = nan, expected a finite number"}},
+      {foreign("mean_inf.h5", [&](hid_t f) { replace_float_attribute(f, "mean", {-inf, 0.5f}); }),
+       {"mean_inf.h5: attribute 'mean'[0] = -inf, expected a finite number"}},
+      {foreign("sample_overflow.h5",
+               [&](hid_t f) {
+                 replace_integer_attribute(f, "channels", big);
+                 replace_integer_attribute(f, "height", big);
+               }),
+       {"sample_overflow.h5: image shape 4294967296x4294967296x5 (attributes channels, height, "
+        "width): C x H x W bytes a sample overflows a 64-bit count"}},
+      {foreign("split_overflow.h5",
+               [](hid_t f) {
+                 const hsize_t n = hsize_t{1} << 62;
+                 replace_with_unwritten_dataset(f, "/train/images", H5T_STD_U8LE,
+                                                {n, kChannels, kHeight, kWidth});
+                 replace_with_unwritten_dataset(f, "/train/labels", H5T_STD_I64LE, {n});
+               }),
+       {"split_overflow.h5: /train/images has shape 4611686018427387904x2x3x5: N x C x H x W "
+        "bytes (and 8 bytes of label a sample) overflows a 64-bit count"}},
+      {foreign("huge_split.h5",
+               [](hid_t f) {
+                 const hsize_t n = hsize_t{1} << 50;  // 8 PiB of labels
+                 replace_with_unwritten_dataset(f, "/test/images", H5T_STD_U8LE,
+                                                {n, kChannels, kHeight, kWidth});
+                 replace_with_unwritten_dataset(f, "/test/labels", H5T_STD_I64LE, {n});
+               }),
+       {"huge_split.h5: /test/labels has 1125899906842624 labels: reading them (8 PiB) needs "
+        "more than this node's memory"}},
+  };
+  for (FileAccess access : accesses()) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(access_name(access)) + ": " + c.file);
+      expect_data_error([&] { DatasetFile::open(c.file, access, MPI_COMM_WORLD); },
+                        {c.parts.begin(), c.parts.end()});
+    }
   }
 }
 

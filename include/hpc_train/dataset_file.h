@@ -51,7 +51,10 @@ FileAccess preferred_file_access(bool mpi_thread_multiple);
 class DatasetFile {
  public:
   // Opens and validates: the datasets exist, have the dtypes and shapes above, agree with the
-  // attributes and with each other. Throws DataError naming the file and what is wrong.
+  // attributes and with each other; byte counts (C x H x W, N x C x H x W) fit in 64 bits;
+  // mean is finite and std finite and > 0 for every channel; every label of both splits is in
+  // [0, num_classes) (they are read here, once, and kept: 8 bytes a sample). Throws DataError
+  // naming the file and what is wrong (for a label: split, index and value).
   // With FileAccess::kMpiIo this is collective over `comm`.
   static DatasetFile open(const std::string& path, FileAccess access = FileAccess::kSerial,
                           MPI_Comm comm = MPI_COMM_NULL);
@@ -66,9 +69,9 @@ class DatasetFile {
 
   // Reads the samples at `indices` (any order, repeats allowed) of one split: images into
   // `images` (indices.size() * sample_bytes() bytes, in the order of `indices`) and labels into
-  // `labels` (indices.size() values). Reads only those samples, never the whole split. Throws
-  // DataError for an index out of range or a label outside [0, num_classes), naming the file,
-  // split, index and value.
+  // `labels` (indices.size() values, from those read at open). Reads only those samples' images,
+  // never the whole split. Throws DataError for an index out of range, naming the file, split,
+  // index and value.
   void read_samples(Split split, const std::vector<int64_t>& indices, uint8_t* images,
                     int64_t* labels) const;
 

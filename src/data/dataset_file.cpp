@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 
 #include "hdf5_util.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime.h"
 
 namespace hpc_train {
 
@@ -36,6 +39,27 @@ std::string join_dims(const std::vector<hsize_t>& dims) {
   std::string text;
   for (size_t i = 0; i < dims.size(); ++i) text += (i ? "x" : "") + std::to_string(dims[i]);
   return dims.empty() ? "scalar" : text;
+}
+
+// A float attribute's value for messages: "0", "nan", "1e-40".
+std::string float_text(float value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
+  return text;
+}
+
+// C x H x W, the bytes of one sample. Each dimension is a positive int64, but their product may
+// not fit in one: then every byte count derived from it (batches, the resident split) would wrap.
+int64_t checked_sample_bytes(const std::string& path, int64_t channels, int64_t height,
+                             int64_t width) {
+  int64_t plane = 0, bytes = 0;
+  if (__builtin_mul_overflow(height, width, &plane) ||
+      __builtin_mul_overflow(channels, plane, &bytes))
+    throw DataError(path + ": image shape " + std::to_string(channels) + "x" +
+                    std::to_string(height) + "x" + std::to_string(width) +
+                    " (attributes channels, height, width): C x H x W bytes a sample overflows "
+                    "a 64-bit count");
+  return bytes;
 }
 
 // "8-bit unsigned integer", "32-bit float", ... for messages about a dataset's dtype.
@@ -148,7 +172,7 @@ class AttributeReader {
 
 struct SplitDatasets {
   h5::Dataset images;
-  h5::Dataset labels;
+  std::vector<int64_t> labels;  // Note [Labels read at open]
   int64_t size = 0;
 };
 
@@ -185,7 +209,7 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
   H5_CHECK(H5Pset_chunk_cache(image_access.get(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, 0,
                               H5D_CHUNK_CACHE_W0_DEFAULT));
   d.images = open_dataset(path, file, group + "/images", image_access.get());
-  d.labels = open_dataset(path, file, group + "/labels");
+  const h5::Dataset labels = open_dataset(path, file, group + "/labels");
 
   const std::string images_name = path + ": " + group + "/images";
   h5::Type image_type(H5_CHECK(H5Dget_type(d.images.get())));
@@ -204,19 +228,52 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
                     " but the attributes channels, height, width say " +
                     std::to_string(info.channels) + "x" + std::to_string(info.height) + "x" +
                     std::to_string(info.width));
+  // HDF5 accepts a dataspace of any extent, even one whose byte count overflows 64 bits, and
+  // a chunked dataset that was never written costs no space in the file. The byte counts of
+  // the split (N x C x H x W images, 8 bytes of label a sample: resident_split_bytes) must fit.
+  const int64_t sample_bytes = info.sample_bytes();  // checked_sample_bytes in read_info
+  if (image_dims[0] > static_cast<hsize_t>(std::numeric_limits<int64_t>::max() /
+                                           (sample_bytes + static_cast<int64_t>(sizeof(int64_t)))))
+    throw DataError(images_name + " has shape " + join_dims(image_dims) +
+                    ": N x C x H x W bytes (and 8 bytes of label a sample) overflows a 64-bit "
+                    "count");
   d.size = static_cast<int64_t>(image_dims[0]);
 
   const std::string labels_name = path + ": " + group + "/labels";
-  h5::Type label_type(H5_CHECK(H5Dget_type(d.labels.get())));
+  h5::Type label_type(H5_CHECK(H5Dget_type(labels.get())));
   if (H5Tget_class(label_type.get()) != H5T_INTEGER)
     throw DataError(labels_name + " has dtype " + describe_type(label_type.get()) +
                     ", expected integers");
-  const std::vector<hsize_t> label_dims = dataset_dims(d.labels.get());
+  const std::vector<hsize_t> label_dims = dataset_dims(labels.get());
   if (label_dims.size() != 1)
     throw DataError(labels_name + " has shape " + join_dims(label_dims) + ", expected 1-D [N]");
   if (static_cast<int64_t>(label_dims[0]) != d.size)
     throw DataError(labels_name + " has " + std::to_string(label_dims[0]) + " labels but " +
                     group + "/images has " + std::to_string(d.size) + " samples");
+
+  // Note [Labels read at open]: every label of the split is read here, once, and checked against
+  // num_classes, so that a bad label stops the run before its first step, wherever it sits in
+  // the split (a check per batch only sees the labels that the steps so far happened to read).
+  // Labels are 8 bytes a sample, so they stay in memory and read_samples takes them from there:
+  // no label is read from the file twice, and none is used unchecked. A file may declare a huge
+  // split that holds no data (see above); its labels must fit in this node's memory before they
+  // are allocated.
+  const int64_t label_bytes = d.size * static_cast<int64_t>(sizeof(int64_t));
+  const int64_t memory_bytes = physical_memory_bytes();
+  if (label_bytes > memory_bytes)
+    throw DataError(labels_name + " has " + std::to_string(d.size) + " labels: reading them (" +
+                    memory_text(static_cast<double>(label_bytes)) +
+                    ") needs more than this node's memory (" +
+                    memory_text(static_cast<double>(memory_bytes)) + ")");
+  d.labels.resize(static_cast<size_t>(d.size));
+  if (d.size > 0)
+    H5_CHECK(H5Dread(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                     d.labels.data()));
+  for (int64_t i = 0; i < d.size; ++i)
+    if (d.labels[i] < 0 || d.labels[i] >= info.num_classes)
+      throw DataError(path + ": " + group + "/labels[" + std::to_string(i) + "] = " +
+                      std::to_string(d.labels[i]) + " is outside [0, " +
+                      std::to_string(info.num_classes) + ")");
   return d;
 }
 
@@ -256,6 +313,7 @@ DatasetInfo read_info(const std::string& path, hid_t root) {
   require_positive("channels", info.channels);
   require_positive("height", info.height);
   require_positive("width", info.width);
+  checked_sample_bytes(path, info.channels, info.height, info.width);
   auto require_per_channel = [&](const char* name, const std::vector<float>& values) {
     if (static_cast<int64_t>(values.size()) != info.channels)
       throw DataError(path + ": attribute '" + name + "' has " + std::to_string(values.size()) +
@@ -263,6 +321,18 @@ DatasetInfo read_info(const std::string& path, hid_t root) {
   };
   require_per_channel("mean", info.mean);
   require_per_channel("std", info.std);
+  // The inputs are normalised as (x - mean) / std per channel: a mean that is not finite, or a
+  // std that is not a finite number > 0, would make every input inf or NaN (or flip its sign)
+  // and training would go on without a word.
+  for (int64_t c = 0; c < info.channels; ++c) {
+    if (!std::isfinite(info.mean[c]))
+      throw DataError(path + ": attribute 'mean'[" + std::to_string(c) + "] = " +
+                      float_text(info.mean[c]) + ", expected a finite number");
+    if (!(std::isfinite(info.std[c]) && info.std[c] > 0))
+      throw DataError(path + ": attribute 'std'[" + std::to_string(c) + "] = " +
+                      float_text(info.std[c]) +
+                      ", expected a finite number > 0 (the images are divided by it)");
+  }
   return info;
 }
 
@@ -351,8 +421,14 @@ void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
     const double count = static_cast<double>(samples) * static_cast<double>(plane);
     const double mean = static_cast<double>(sum) / count / 255.0;
     const double variance = static_cast<double>(sum_squares) / count / (255.0 * 255.0) - mean * mean;
+    // A channel with one value everywhere has variance exactly 0 (count x sum of squares = sum^2
+    // in integers); the floating-point difference above may leave a rounding residue instead,
+    // which would slip past the writer's check for std 0.
+    __extension__ typedef unsigned __int128 Wide;  // GCC and Clang
+    const bool constant = static_cast<Wide>(sum_squares) * static_cast<uint64_t>(samples * plane) ==
+                          static_cast<Wide>(sum) * sum;
     info.mean[c] = static_cast<float>(mean);
-    info.std[c] = static_cast<float>(std::sqrt(std::max(0.0, variance)));
+    info.std[c] = constant ? 0.0f : static_cast<float>(std::sqrt(std::max(0.0, variance)));
   }
 }
 
@@ -368,6 +444,7 @@ void validate_contents(const std::string& path, const DatasetContents& contents)
     throw DataError(path + ": image shape " + std::to_string(info.channels) + "x" +
                     std::to_string(info.height) + "x" + std::to_string(info.width) +
                     " must be positive");
+  checked_sample_bytes(path, info.channels, info.height, info.width);
   if (contents.train_labels.empty()) throw DataError(path + ": the train split is empty");
   for (Split split : {Split::kTrain, Split::kTest}) {
     const bool train = split == Split::kTrain;
@@ -426,19 +503,6 @@ void read_image_runs(hid_t dataset, const std::vector<std::pair<hsize_t, hsize_t
                      H5P_DEFAULT, out));
     out += samples * sample_bytes;
   }
-}
-
-// Labels are one element a sample, so one H5Dread of a point selection costs HDF5 no more than
-// the elements themselves (Note [Reading runs] is about many elements per sample).
-void read_points(hid_t dataset, const std::vector<int64_t>& sorted, int64_t* out) {
-  h5::Dataspace file_space(H5_CHECK(H5Dget_space(dataset)));
-  const std::vector<hsize_t> coordinates(sorted.begin(), sorted.end());
-  H5_CHECK(H5Sselect_elements(file_space.get(), H5S_SELECT_SET, coordinates.size(),
-                              coordinates.data()));
-  const hsize_t count = coordinates.size();
-  h5::Dataspace memory_space(H5_CHECK(H5Screate_simple(1, &count, nullptr)));
-  H5_CHECK(H5Dread(dataset, H5T_NATIVE_INT64, memory_space.get(), file_space.get(), H5P_DEFAULT,
-                   out));
 }
 
 }  // namespace
@@ -552,25 +616,19 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   const auto runs = consecutive_runs(sorted);
   const size_t sample_bytes = static_cast<size_t>(d.info.sample_bytes());
   std::vector<uint8_t> staged_images(sorted.size() * sample_bytes);
-  std::vector<int64_t> staged_labels(sorted.size());
   {
     h5::Lock lock;  // Note [HDF5 lock]
     try {
       read_image_runs(d.split(split).images.get(), runs, sample_bytes, staged_images.data());
-      read_points(d.split(split).labels.get(), sorted, staged_labels.data());
     } catch (const DataError& e) {
       throw DataError(d.path + ": reading /" + split_name(split) + ": " + e.what());
     }
   }
-  for (size_t u = 0; u < sorted.size(); ++u)
-    if (staged_labels[u] < 0 || staged_labels[u] >= d.info.num_classes)
-      throw DataError(d.path + ": /" + split_name(split) + "/labels[" +
-                      std::to_string(sorted[u]) + "] = " + std::to_string(staged_labels[u]) +
-                      " is outside [0, " + std::to_string(d.info.num_classes) + ")");
+  const std::vector<int64_t>& split_labels = d.split(split).labels;  // checked at open
   for (size_t k = 0; k < indices.size(); ++k) {
     const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
     std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);
-    labels[k] = staged_labels[u];
+    labels[k] = split_labels[static_cast<size_t>(indices[k])];
   }
 }
 
@@ -584,6 +642,12 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
   info.train_size = static_cast<int64_t>(contents.train_labels.size());
   info.test_size = static_cast<int64_t>(contents.test_labels.size());
   compute_mean_std(info, contents.train_images);
+  // What the reader refuses (read_info), the writer does not write: inputs are divided by std.
+  for (int64_t c = 0; c < info.channels; ++c)
+    if (info.std[c] == 0.0f)
+      throw DataError("cannot write " + path + ": channel " + std::to_string(c) +
+                      " has the same value in every pixel of every train image (std 0), so "
+                      "normalising the inputs would divide by zero");
 
   // Written under a temporary name and renamed when complete, so that a failed or interrupted
   // conversion never leaves a half-written file under the final name.

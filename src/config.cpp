@@ -563,6 +563,10 @@ CommandLine parse_command_line(int argc, const char* const argv[]) {
 
 namespace {
 
+// The range of --bucket-mb and --first-bucket-mb: one byte to 1e6 MiB.
+constexpr double kMinBucketMiB = 1.0 / (1 << 20);
+constexpr double kMaxBucketMiB = 1e6;
+
 template <class T>
 void require(bool holds, const char* option, const T& value, const std::string& what_works) {
   if (holds) return;
@@ -629,10 +633,22 @@ void validate(const TrainConfig& c) {
           "must be at least 1 (1 halves the scale at every overflow), e.g. 2");
   require(std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0, "min-loss-scale",
           c.min_loss_scale, "must be a finite number > 0, e.g. 1");
-  require(std::isfinite(c.bucket_mb) && c.bucket_mb > 0, "bucket-mb", c.bucket_mb,
-          "must be a finite number of MiB > 0, e.g. 25");
-  require(std::isfinite(c.first_bucket_mb) && c.first_bucket_mb > 0, "first-bucket-mb",
-          c.first_bucket_mb, "must be a finite number of MiB > 0, e.g. 1");
+  // The dynamic scale starts at 2^initial_scale_power and never goes below the minimum: a
+  // minimum above the start would be a scale that the first overflow raises instead of halving.
+  const double initial_scale = std::ldexp(1.0, c.initial_scale_power);
+  require(c.loss_scale > 0 || c.min_loss_scale <= initial_scale, "min-loss-scale",
+          c.min_loss_scale,
+          "must not exceed the dynamic loss scale's start, 2^" +
+              std::to_string(c.initial_scale_power) + " = " + format_value(initial_scale) +
+              " (--initial-scale-power); give at most " + format_value(initial_scale) +
+              " or a larger --initial-scale-power");
+  // Bucket caps become whole bytes: below one byte (2^-20 MiB) a cap is 0 bytes, which no
+  // gradient fits; above kMaxBucketMiB (about 1 TB) the size is a typo, not a bucket.
+  require(c.bucket_mb >= kMinBucketMiB && c.bucket_mb <= kMaxBucketMiB, "bucket-mb", c.bucket_mb,
+          "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 25");
+  require(c.first_bucket_mb >= kMinBucketMiB && c.first_bucket_mb <= kMaxBucketMiB,
+          "first-bucket-mb", c.first_bucket_mb,
+          "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 1");
   require(c.device == "auto" || c.device == "cuda" || c.device == "cpu", "device", c.device,
           "must be auto, cuda or cpu");
   require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi" || c.backend == "none",

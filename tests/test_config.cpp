@@ -505,7 +505,7 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.hysteresis = 0; }, "--hysteresis 0: must be at least 1"},
       {[](TrainConfig& c) { c.min_loss_scale = 0; }, "--min-loss-scale 0: must be a finite "
                                                      "number > 0"},
-      {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a finite number of MiB"},
+      {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a number of MiB"},
       {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
       {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
       {[](TrainConfig& c) { c.deterministic = c.cudnn_benchmark = true; },
@@ -539,6 +539,45 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.warmup_type = "log";
   EXPECT_NO_THROW(validate(edges));
   edges.schedule_steps = 0;  // the whole run, resolved by the trainer
+  EXPECT_NO_THROW(validate(edges));
+}
+
+// A minimum loss scale above the dynamic scale's start, and bucket sizes that are no byte or
+// beyond any model (1e6 MiB), are refused; their edges are fine.
+TEST(Config, ValidateBoundsLossScaleAndBuckets) {
+  const auto error = [](const std::function<void(TrainConfig&)>& change) {
+    TrainConfig config;
+    change(config);
+    return config_error([&] { validate(config); });
+  };
+  EXPECT_EQ(error([](TrainConfig& c) { c.min_loss_scale = 131072; }),
+            "--min-loss-scale 131072: must not exceed the dynamic loss scale's start, 2^16 = "
+            "65536 (--initial-scale-power); give at most 65536 or a larger "
+            "--initial-scale-power");
+  EXPECT_NE(error([](TrainConfig& c) {
+              c.initial_scale_power = 3;
+              c.min_loss_scale = 8.5;
+            }).find("--min-loss-scale 8.5: must not exceed the dynamic loss scale's start, 2^3 = "
+                    "8 "),
+            std::string::npos);
+  EXPECT_EQ(error([](TrainConfig& c) { c.bucket_mb = 2e6; }),
+            "--bucket-mb 2000000: must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 25");
+  EXPECT_NE(error([](TrainConfig& c) { c.bucket_mb = 1e-7; }).find("--bucket-mb 1e-07: must be"),
+            std::string::npos);  // 0 bytes: no bucket could hold a gradient
+  EXPECT_NE(error([](TrainConfig& c) { c.bucket_mb = std::numeric_limits<double>::infinity(); })
+                .find("--bucket-mb inf: must be"),
+            std::string::npos);
+  EXPECT_EQ(error([](TrainConfig& c) { c.first_bucket_mb = 1e300; }),
+            "--first-bucket-mb 1e+300: must be a number of MiB from 2^-20 (one byte) to 1e6, "
+            "e.g. 1");
+
+  TrainConfig edges;
+  edges.min_loss_scale = 65536;  // = 2^16: the scale may start at its minimum
+  edges.bucket_mb = 1e6;
+  edges.first_bucket_mb = 1.0 / (1 << 20);
+  EXPECT_NO_THROW(validate(edges));
+  edges.min_loss_scale = 1e9;  // a fixed scale: the dynamic options play no part
+  edges.loss_scale = 1024;
   EXPECT_NO_THROW(validate(edges));
 }
 

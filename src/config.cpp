@@ -29,7 +29,10 @@
 #include <variant>
 #include <vector>
 
+#include "hpc_train/dataset_file.h"
+#include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime.h"
 
 namespace hpc_train {
 namespace {
@@ -676,6 +679,86 @@ void validate(const TrainConfig& c) {
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");
   require(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "progress",
           c.progress, "must be auto, bar or lines");
+}
+
+// Note [Rank's share of the train split]: every rank gets the same number of samples an epoch
+// (epoch_plan.h): ceil(N / W), the permutation's head repeated as padding, or with --drop-last
+// floor(N / W). --drop-last drops only the N mod W samples that the ranks cannot share evenly,
+// never a partial micro-batch: a rank's last micro-batch of an epoch is partial whenever its
+// share is not a multiple of --micro-batch. So with a micro-batch larger than the share, every
+// micro-batch of the run would be partial: no step would have the global batch that the run
+// reports (micro-batch x grad-accum x ranks), that a DeepSpeed config fixes and that the
+// learning rate was tuned for. Such a micro-batch is refused; one equal to the share is fine
+// (one full micro-batch a rank and epoch). With --drop-last and fewer samples than ranks the
+// share is 0, and no micro-batch fits.
+//
+// Note [Input memory bound]: the least host memory that a run's input takes: the loader's queue
+// (--prefetch micro-batches, at most an epoch's) and the micro-batch being read, as uint8
+// images, and the model's input made from one of them, as float32 (4 bytes an element); the
+// staging buffers of the device input and the activations come on top. When that alone is
+// more than the node has, the run could only end in an allocation failure or the kernel's OOM
+// killer once training had started, so it is refused before anything is allocated. Likewise a
+// train split kept resident in host memory (--resident-data on, on the CPU).
+void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
+                          const std::string& dataset_path, int world_size,
+                          int64_t host_memory_bytes, bool input_on_host) {
+  // Note [Rank's share of the train split]
+  const int64_t n = dataset.train_size;
+  const EpochTail tail = c.drop_last ? EpochTail::kDrop : EpochTail::kPad;
+  const int64_t share = samples_for_rank(n, world_size, 0, tail);  // the same on every rank
+  const std::string split = "the train split of " + dataset_path + " (" + std::to_string(n) +
+                            " samples)";
+  if (share == 0)
+    throw ConfigError("--drop-last: " + split + " has fewer samples than the " +
+                      std::to_string(world_size) +
+                      " ranks, so dropping the tail that the ranks cannot share evenly leaves "
+                      "every rank none; use fewer ranks, or leave out --drop-last");
+  if (c.micro_batch > share) {
+    const int64_t padded = share * world_size - n;  // > 0: repeated; < 0: dropped
+    const std::string how =
+        padded > 0   ? ", padded by repeating " + std::to_string(padded) + " of them"
+        : padded < 0 ? ", --drop-last drops the other " + std::to_string(-padded)
+                     : "";
+    throw ConfigError("--micro-batch " + std::to_string(c.micro_batch) +
+                      ": more than each rank's share of " + split + ": " +
+                      std::to_string(world_size) + " ranks get " + std::to_string(share) +
+                      " samples each" + how +
+                      ", so every micro-batch would be partial and no step would have the "
+                      "global batch of micro-batch x grad-accum x ranks; use --micro-batch " +
+                      std::to_string(share) + " or less, or fewer ranks");
+  }
+
+  // Note [Input memory bound]; in double, which cannot overflow here and is exact enough for a
+  // bound.
+  const double sample_bytes = static_cast<double>(dataset.sample_bytes());
+  const double queued = static_cast<double>(
+      std::min<int64_t>(c.prefetch_batches, batches_per_epoch(share, c.micro_batch)));
+  const double per_sample_bytes = sample_bytes * (queued + 1 + sizeof(float));
+  const double memory = static_cast<double>(host_memory_bytes);
+  const std::string shape = std::to_string(dataset.channels) + "x" +
+                            std::to_string(dataset.height) + "x" + std::to_string(dataset.width);
+  if (per_sample_bytes > memory)
+    throw DataError(dataset_path + ": one sample of " + shape + " (channels x height x width) "
+                    "is " + memory_text(sample_bytes) + "; the input of a micro-batch of 1 needs "
+                    "at least " + memory_text(per_sample_bytes) + " of host memory, more than "
+                    "this node's " + memory_text(memory));
+  const double batch_bytes = per_sample_bytes * c.micro_batch;
+  if (batch_bytes > memory)
+    throw ConfigError("--micro-batch " + std::to_string(c.micro_batch) + ": the input of a "
+                      "micro-batch of " + dataset_path + "'s " + shape + " samples (" +
+                      memory_text(sample_bytes) + " each) needs at least " +
+                      memory_text(batch_bytes) + " of host memory (the loader's queue, the batch "
+                      "being read and its float32 copy), more than this node's " +
+                      memory_text(memory) +
+                      "; use a smaller --micro-batch or --prefetch");
+  if (input_on_host && c.resident_data == "on") {
+    const double split_bytes = static_cast<double>(n) * (sample_bytes + sizeof(int64_t));
+    if (split_bytes > memory)
+      throw ConfigError("--resident-data on: " + split + " of " + shape + " images needs " +
+                        memory_text(split_bytes) + " of host memory to stay resident (this run "
+                        "computes on the CPU), more than this node's " + memory_text(memory) +
+                        "; use --resident-data off");
+  }
 }
 
 // Note: Boost's INI parser has no escapes, so a string value with '#' (a comment there) or with

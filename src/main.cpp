@@ -5,7 +5,8 @@
 //   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
 //   placement -> every rank's device and backend, agreed by all     (placement.h)
 //   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
-//   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h)
+//   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h), and the
+//               configuration checked against it                     (config.h)
 //   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
 //   summary  -> printed by rank 0 and written to summary.json
 #include <cstdio>
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
       dataset.emplace(DatasetFile::open(config.dataset_path,
                                         preferred_file_access(runtime.thread_multiple()),
                                         runtime.world()));
+      validate_for_dataset(config, dataset->info(), config.dataset_path, runtime.world_size(),
+                           physical_memory_bytes(), !placement.cuda);
     });
 
     TrainerOutput output;

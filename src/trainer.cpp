@@ -299,11 +299,6 @@ struct Trainer::Impl {
         sample_trace(comm.rank()) {
     comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
-    if (samples_for_rank(info.train_size, comm.size(), comm.rank(),
-                         config.drop_last ? EpochTail::kDrop : EpochTail::kPad) == 0)
-      throw ConfigError("the train split of " + dataset.path() + " has " +
-                        std::to_string(info.train_size) + " samples, fewer than the " +
-                        std::to_string(comm.size()) + " ranks; use fewer ranks or more data");
     torch::manual_seed(config.seed);
     model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
     model->to(device, dtype);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hpc_train/config.h"
+#include "hpc_train/dataset_file.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -579,6 +580,109 @@ TEST(Config, ValidateBoundsLossScaleAndBuckets) {
   edges.min_loss_scale = 1e9;  // a fixed scale: the dynamic options play no part
   edges.loss_scale = 1024;
   EXPECT_NO_THROW(validate(edges));
+}
+
+DatasetInfo dataset_of(int64_t train_size, int64_t channels = 1, int64_t height = 28,
+                       int64_t width = 28) {
+  DatasetInfo info;
+  info.num_classes = 10;
+  info.channels = channels;
+  info.height = height;
+  info.width = width;
+  info.train_size = train_size;
+  info.test_size = 100;
+  return info;
+}
+
+// Note [Rank's share of the train split]: every rank gets ceil(N / W) samples (padded) or
+// floor(N / W) (--drop-last), and the micro-batch may be at most that.
+TEST(Config, ValidateForDatasetMicroBatchAgainstTheRanksShare) {
+  constexpr int64_t kMemory = int64_t{1} << 40;
+  const auto error = [&](int64_t train_size, int world_size, int micro_batch, bool drop_last) {
+    TrainConfig config;
+    config.micro_batch = micro_batch;
+    config.drop_last = drop_last;
+    return config_error([&] {
+      validate_for_dataset(config, dataset_of(train_size), "data.h5", world_size, kMemory, true);
+    });
+  };
+  const auto fits = [&](int64_t train_size, int world_size, int micro_batch, bool drop_last) {
+    TrainConfig config;
+    config.micro_batch = micro_batch;
+    config.drop_last = drop_last;
+    validate_for_dataset(config, dataset_of(train_size), "data.h5", world_size, kMemory, true);
+  };
+  EXPECT_EQ(error(600, 3, 201, false),
+            "--micro-batch 201: more than each rank's share of the train split of data.h5 (600 "
+            "samples): 3 ranks get 200 samples each, so every micro-batch would be partial and "
+            "no step would have the global batch of micro-batch x grad-accum x ranks; use "
+            "--micro-batch 200 or less, or fewer ranks");
+  EXPECT_NO_THROW(fits(600, 3, 200, false));  // one full micro-batch a rank and epoch
+  EXPECT_NO_THROW(fits(600, 3, 200, true));
+  // 601 over 3: 201 each, padded with 2 repeats; or 200 each, dropping 1.
+  EXPECT_NE(error(601, 3, 202, false)
+                .find("3 ranks get 201 samples each, padded by repeating 2 of them, so every"),
+            std::string::npos);
+  EXPECT_NO_THROW(fits(601, 3, 201, false));
+  EXPECT_NE(error(601, 3, 201, true)
+                .find("3 ranks get 200 samples each, --drop-last drops the other 1, so every "
+                      "micro-batch would be partial"),
+            std::string::npos);
+  // Fewer samples than ranks: padded, each rank gets 1; dropped, none.
+  EXPECT_NO_THROW(fits(2, 3, 1, false));
+  EXPECT_NE(error(2, 3, 2, false).find("--micro-batch 2: more than each rank's share"),
+            std::string::npos);
+  EXPECT_EQ(error(2, 3, 1, true),
+            "--drop-last: the train split of data.h5 (2 samples) has fewer samples than the 3 "
+            "ranks, so dropping the tail that the ranks cannot share evenly leaves every rank "
+            "none; use fewer ranks, or leave out --drop-last");
+  EXPECT_NO_THROW(fits(1, 1, 1, true));
+}
+
+// Note [Input memory bound]: (queued + 1 + 4) bytes a sample byte for a micro-batch, queued =
+// min(--prefetch, the epoch's micro-batches); the resident split on the host, N x (C x H x W + 8).
+TEST(Config, ValidateForDatasetInputMemory) {
+  TrainConfig config;  // micro-batch 64, --prefetch 4
+  const DatasetInfo info = dataset_of(600);  // 1x28x28: 200 samples a rank at 3 ranks
+  const int64_t batch_bytes = 64 * 784 * (4 + 1 + 4);  // 451584
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, batch_bytes, true));
+  EXPECT_EQ(config_error([&] {
+              validate_for_dataset(config, info, "data.h5", 3, batch_bytes - 1, true);
+            }),
+            "--micro-batch 64: the input of a micro-batch of data.h5's 1x28x28 samples (784 B "
+            "each) needs at least 441 KiB of host memory (the loader's queue, the batch being "
+            "read and its float32 copy), more than this node's 441 KiB; use a smaller "
+            "--micro-batch or --prefetch");
+  // The queue never holds more than an epoch's micro-batches: 4 of 64 at 200 samples a rank.
+  config.prefetch_batches = std::numeric_limits<int>::max();
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, batch_bytes, true));
+
+  // One sample alone (1x2^20x2^20, 1 TiB) is beyond the node: no option helps, the data is
+  // refused (exit 3).
+  config = TrainConfig{};
+  config.micro_batch = 1;
+  try {
+    validate_for_dataset(config, dataset_of(600, 1, 1 << 20, 1 << 20), "huge.h5", 3,
+                         int64_t{64} << 30, true);
+    ADD_FAILURE() << "no DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "huge.h5: one sample of 1x1048576x1048576 (channels x height x width) is 1 TiB; "
+              "the input of a micro-batch of 1 needs at least 9 TiB of host memory, more than "
+              "this node's 64 GiB");
+  }
+
+  // A train split kept resident in host memory: 600 x (784 + 8) = 475200 bytes.
+  config = TrainConfig{};
+  config.micro_batch = 8;
+  config.resident_data = "on";
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 475200, true));
+  EXPECT_EQ(config_error([&] { validate_for_dataset(config, info, "data.h5", 3, 475199, true); }),
+            "--resident-data on: the train split of data.h5 (600 samples) of 1x28x28 images "
+            "needs 464.1 KiB of host memory to stay resident (this run computes on the CPU), "
+            "more than this node's 464.1 KiB; use --resident-data off");
+  // On a GPU the split lives in device memory, uploaded in chunks: not the host's concern.
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 475199, false));
 }
 
 }  // namespace

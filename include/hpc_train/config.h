@@ -112,8 +112,21 @@ CommandLine parse_command_line(int argc, const char* const argv[]);
 
 // Checks values that parse but cannot work (micro_batch 0, lr < 0, an unknown optimizer, ...).
 // Throws ConfigError that names the option and says what would work. The model name is checked
-// by the model registry, and what depends on the world size or the dataset by the trainer.
+// by the model registry, and what depends on the world size or the dataset by
+// validate_for_dataset.
 void validate(const TrainConfig& config);
+
+struct DatasetInfo;  // dataset_file.h
+
+// Checks what depends on the opened dataset and the world size, before anything is allocated
+// for training: --micro-batch against each rank's share of the train split (Note [Rank's share
+// of the train split] in config.cpp), and the host memory that the input needs at the least
+// against `host_memory_bytes` (Note [Input memory bound]); `input_on_host`: the run computes on
+// the CPU, so a resident train split would live in host memory. Throws ConfigError naming the
+// option, or DataError naming the file when even one sample does not fit.
+void validate_for_dataset(const TrainConfig& config, const DatasetInfo& dataset,
+                          const std::string& dataset_path, int world_size,
+                          int64_t host_memory_bytes, bool input_on_host);
 
 // The configuration as INI text, grouped by section, every option with its value; reading it
 // back with --config gives the same configuration.

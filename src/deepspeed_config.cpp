@@ -695,38 +695,66 @@ class Importer {
   }
 
   // Rank counts that divide `samples` (each rank gets samples / ranks): the ones up to the
-  // world size nearest to it, and the next larger one, e.g. "1, 2 or 4" for 64 at 3 ranks.
+  // world size nearest to it, and the next larger one, e.g. "1, 2 or 4" for 64 at 3 ranks. The
+  // search for the larger one stops at kMaxSuggestedRanks, so that it takes no time for any
+  // train_batch_size (a search of all divisors up to sqrt(2^63) never ended).
   static std::vector<int64_t> divisor_ranks(int64_t samples, int64_t world) {
-    std::vector<int64_t> divisors;
-    for (int64_t d = 1; d * d <= samples; ++d) {
-      if (samples % d != 0) continue;
-      divisors.push_back(d);
-      if (d != samples / d) divisors.push_back(samples / d);
-    }
-    std::sort(divisors.begin(), divisors.end());
+    constexpr int64_t kMaxSuggestedRanks = int64_t{1} << 20;
     std::vector<int64_t> below;
-    std::vector<int64_t> chosen;
-    for (int64_t d : divisors) {
-      if (d <= world) {
-        below.push_back(d);
-      } else {
+    for (int64_t d = 1; d <= std::min(samples, world); ++d) {
+      if (samples % d == 0) below.push_back(d);
+    }
+    constexpr size_t kShownBelow = 3;
+    const size_t first = below.size() > kShownBelow ? below.size() - kShownBelow : 0;
+    std::vector<int64_t> chosen(below.begin() + static_cast<std::ptrdiff_t>(first), below.end());
+    for (int64_t d = world + 1; d <= std::min(samples, kMaxSuggestedRanks); ++d) {
+      if (samples % d == 0) {
         chosen.push_back(d);
         break;
       }
     }
-    constexpr size_t kShownBelow = 3;
-    const size_t first = below.size() > kShownBelow ? below.size() - kShownBelow : 0;
-    chosen.insert(chosen.begin(), below.begin() + static_cast<std::ptrdiff_t>(first), below.end());
     return chosen;
   }
 
-  // Multiples of `unit` next to `samples`, e.g. "63 or 66" for 64 and 3 (0 left out).
+  // Multiples of `unit` next to `samples`, e.g. "63 or 66" for 64 and 3 (0, and one beyond
+  // the int64 range, left out).
   static std::vector<int64_t> nearby_multiples(int64_t samples, int64_t unit) {
     std::vector<int64_t> multiples;
     const int64_t below = samples / unit * unit;
     if (below > 0) multiples.push_back(below);
-    multiples.push_back(below + unit);
+    int64_t above = 0;
+    if (!__builtin_add_overflow(below, unit, &above)) multiples.push_back(above);
     return multiples;
+  }
+
+  // The batch factors given (by the file or the command line) and the world size must multiply
+  // within 64 bits: the identity's products below, and the run's global batch, are int64. Python
+  // integers do not overflow, so DeepSpeed would just find no such batch; a C++ product that
+  // wrapped around could even pass the identity.
+  void require_batch_product_fits(const std::optional<int64_t>& micro,
+                                  const std::optional<int64_t>& accum,
+                                  bool micro_from_command_line,
+                                  bool accum_from_command_line) const {
+    int64_t product = world_size_;
+    bool overflow = false;
+    std::string keys, factors, sources;
+    const auto factor = [&](const std::optional<int64_t>& value, const char* key,
+                            bool from_command_line, const char* option) {
+      if (!value) return;
+      keys += std::string(key) + " x ";
+      factors += std::to_string(*value) + " x ";
+      overflow = overflow || __builtin_mul_overflow(product, *value, &product);
+      if (from_command_line) {
+        sources += std::string(" The ") + key + " " + std::to_string(*value) + " is --" + option +
+                   " on the command line.";
+      }
+    };
+    factor(micro, "train_micro_batch_size_per_gpu", micro_from_command_line, "micro-batch");
+    factor(accum, "gradient_accumulation_steps", accum_from_command_line, "grad-accum");
+    if (!overflow) return;
+    throw ConfigError(where() + keys + "world size = " + factors + ranks(world_size_) +
+                      " overflows a 64-bit integer: no batch can have that many samples." +
+                      sources + " Give smaller values");
   }
 
   enum class Given { kAll, kBatchAndMicro, kBatchAndAccum, kBatchOnly };
@@ -761,8 +789,9 @@ class Importer {
                                      std::to_string(unit)) +
                    ", e.g. " + join_or(nearby_multiples(batch, unit));
         const std::vector<int64_t> nearby = nearby_multiples(batch, unit);
-        const int64_t with_configured = unit * configured_micro;
-        if (std::find(nearby.begin(), nearby.end(), with_configured) == nearby.end()) {
+        int64_t with_configured = 0;
+        if (!__builtin_mul_overflow(unit, configured_micro, &with_configured) &&
+            std::find(nearby.begin(), nearby.end(), with_configured) == nearby.end()) {
           message += " (or " + std::to_string(with_configured) + " for micro-batch " +
                      std::to_string(configured_micro) + ")";
         }
@@ -844,6 +873,7 @@ class Importer {
            " of the INI file or defaults");
     }
 
+    require_batch_product_fits(micro, accum, micro_from_command_line, accum_from_command_line);
     const int64_t world = world_size_;
     int64_t batch = 0;
     Given given = Given::kAll;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -501,6 +502,45 @@ TEST_F(DeepSpeedConfigTest, BatchIdentityMessages) {
       << message;
   message = error(R"({"train_batch_size": 0})");
   EXPECT_TRUE(contains(message, "'train_batch_size' 0 must be at least 1")) << message;
+}
+
+// Batch factors whose product with the world size overflows int64 are refused, naming the keys
+// (a product that wrapped around could pass the identity); a train_batch_size near 2^63 gets
+// its message at once (the search for rank counts that divide it used to run forever).
+TEST_F(DeepSpeedConfigTest, BatchProductsBeyondInt64) {
+  std::string message = error(R"({"train_micro_batch_size_per_gpu": 2147483647,
+                                  "gradient_accumulation_steps": 2147483647})",
+                              3);
+  EXPECT_TRUE(contains(message, "train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                                "world size = 2147483647 x 2147483647 x 3 ranks overflows a "
+                                "64-bit integer"))
+      << message;
+  // 2^62 x 2 x 2 = 2^64 would wrap around to 0.
+  message = error(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4611686018427387904,
+                      "gradient_accumulation_steps": 2})",
+                  2);
+  EXPECT_TRUE(contains(message, "= 4611686018427387904 x 2 x 2 ranks overflows a 64-bit integer"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "gradient_accumulation_steps": 9223372036854775807})",
+                  2);
+  EXPECT_TRUE(contains(message, "gradient_accumulation_steps x world size = 9223372036854775807 x "
+                                "2 ranks overflows a 64-bit integer"))
+      << message;
+  // The command line's micro-batch is named as such.
+  TrainConfig config;
+  config.micro_batch = 2147483647;
+  message = error(R"({"gradient_accumulation_steps": 2147483647})", 3, {"micro-batch"}, config);
+  EXPECT_TRUE(contains(message, "The train_micro_batch_size_per_gpu 2147483647 is --micro-batch "
+                                "on the command line"))
+      << message;
+
+  const auto start = std::chrono::steady_clock::now();
+  message = error(R"({"train_batch_size": 9223372036854775807})", 2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  EXPECT_TRUE(contains(message, "With 2 ranks use a train_batch_size divisible by 2, e.g. "
+                                "9223372036854775806 (or 128 for micro-batch 64); or run "
+                                "9223372036854775807 on 1 or 7 ranks"))
+      << message;
 }
 
 TEST_F(DeepSpeedConfigTest, CommandLineWins) {

@@ -14,10 +14,10 @@ hpc_train_add_test(NAME test_optimizer SOURCES test_optimizer.cpp test_flat_para
 hpc_train_add_test(NAME test_equivalence SOURCES test_equivalence.cpp RANKS 2 3 TIMEOUT 300
                    LIBS hpc_train_engine hpc_train_test_support)
 
-add_executable(corrupt_label support/corrupt_label.cpp)
-target_link_libraries(corrupt_label PRIVATE HDF5::HDF5 MPI::MPI_C)
-hpc_train_add_script_test(NAME test_errors SCRIPT test_errors.sh TIMEOUT 240)
-set_property(TEST test_errors APPEND PROPERTY ENVIRONMENT "CORRUPT_LABEL=$<TARGET_FILE:corrupt_label>")
+add_executable(edit_dataset support/edit_dataset.cpp)
+target_link_libraries(edit_dataset PRIVATE HDF5::HDF5 MPI::MPI_C)
+hpc_train_add_script_test(NAME test_errors SCRIPT test_errors.sh TIMEOUT 420)
+set_property(TEST test_errors APPEND PROPERTY ENVIRONMENT "EDIT_DATASET=$<TARGET_FILE:edit_dataset>")
 hpc_train_add_script_test(NAME test_end_to_end SCRIPT test_end_to_end.sh TIMEOUT 600)
 
 hpc_train_add_test(NAME test_buckets SOURCES test_buckets.cpp RANKS 1)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Bad input ends every rank with a non-zero exit within 30 s and a message naming the problem:
-# a missing dataset, corrupt and truncated files, invalid option values, and a label out of
-# range that only one rank meets in the middle of training.
+# a missing dataset, corrupt and truncated files, invalid option values and bounds, labels out of
+# range anywhere in either split, mean/std attributes that would make the inputs inf or NaN,
+# samples too large for the node, a micro-batch larger than a rank's share of the data, and a
+# DeepSpeed batch that overflows. What the dataset or the options make impossible is refused
+# before training starts; a chunk of images that cannot be read, which only reading it shows,
+# ends the job from the rank that meets it in the middle of training.
 set -euo pipefail
 work="$HPC_TRAIN_TEST_WORK"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -28,6 +32,18 @@ expect_failure() {
   fi
 }
 
+# expect_refusal NAME EXIT_CODE TEXT -- hpc_train options...: expect_failure, and no step ran
+# (rank 0 prints "Training ..." when training starts).
+expect_refusal() {
+  local name=$1
+  expect_failure "$@"
+  if grep -q "^Training " "$name.out"; then
+    echo "FAIL $name: refused only after training had started:"
+    cat "$name.out"
+    failures=$((failures + 1))
+  fi
+}
+
 expect_failure missing-dataset 3 "$work/nowhere.h5" -- --dataset "$work/nowhere.h5"
 
 head -c 4096 /dev/urandom > garbage.h5
@@ -48,10 +64,61 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
     "--device cuda: ranks 0-2 (node $(hostname)) see no GPU" -- --dataset small.h5 --device cuda
 fi
 
-# One rank meets the bad label while the others train on: the job must still end, naming it.
+# One rank meets an unreadable chunk of images while the others train on: the job must still end,
+# naming the file.
+cp small.h5 damaged.h5
+"$EDIT_DATASET" damage-image damaged.h5 train 321
+expect_failure damaged-chunk 3 "damaged.h5: reading /train" -- --dataset damaged.h5 --epochs 1 --micro-batch 16
+
+# Every label of both splits is checked when the file is opened: one that the first steps would
+# read, one they would not (the last train sample), one of the test split.
 cp small.h5 bad-label.h5
-"$CORRUPT_LABEL" bad-label.h5 train 321 42
-expect_failure bad-label 3 "= 42" -- --dataset bad-label.h5 --epochs 1 --micro-batch 16
+"$EDIT_DATASET" label bad-label.h5 train 321 42
+expect_refusal bad-label 3 "bad-label.h5: /train/labels[321] = 42 is outside [0, 10)" -- \
+  --dataset bad-label.h5 --epochs 1 --micro-batch 16
+cp small.h5 unread-label.h5
+"$EDIT_DATASET" label unread-label.h5 train 599 42
+expect_refusal unread-label 3 "unread-label.h5: /train/labels[599] = 42 is outside [0, 10)" -- \
+  --dataset unread-label.h5 --max-steps 2 --micro-batch 16
+cp small.h5 test-label.h5
+"$EDIT_DATASET" label test-label.h5 test 57 -3
+expect_refusal test-label 3 "test-label.h5: /test/labels[57] = -3 is outside [0, 10)" -- \
+  --dataset test-label.h5 --max-steps 2 --micro-batch 16
+
+# Normalisation divides by std and subtracts mean: 0 or NaN would train on inf/NaN silently.
+cp small.h5 std-zero.h5
+"$EDIT_DATASET" floats std-zero.h5 std 0
+expect_refusal std-zero 3 "std-zero.h5: attribute 'std'[0] = 0, expected a finite number > 0" -- \
+  --dataset std-zero.h5 --max-steps 2 --micro-batch 16
+cp small.h5 mean-nan.h5
+"$EDIT_DATASET" floats mean-nan.h5 mean nan
+expect_refusal mean-nan 3 "mean-nan.h5: attribute 'mean'[0] = nan, expected a finite number" -- \
+  --dataset mean-nan.h5 --max-steps 2 --micro-batch 16
+# Samples of 1x2^20x2^20 (1 TiB each; the file stores none of them): a micro-batch's input
+# cannot fit in any node's memory.
+cp small.h5 huge-sample.h5
+"$EDIT_DATASET" image-shape huge-sample.h5 1 1048576 1048576
+expect_refusal huge-sample 3 "huge-sample.h5: one sample of 1x1048576x1048576 (channels x height x width) is 1 TiB" -- \
+  --dataset huge-sample.h5 --max-steps 2 --micro-batch 1
+
+# 600 samples over 3 ranks are 200 a rank: a micro-batch of 201 would never be full.
+expect_refusal micro-batch-share 2 "--micro-batch 201: more than each rank's share of the train split of small.h5 (600 samples): 3 ranks get 200 samples each" -- \
+  --dataset small.h5 --max-steps 2 --micro-batch 201
+"$HPC_TRAIN_DATA" convert fashion-mnist "${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" two.h5 \
+  --max-train 2 --max-test 10 > /dev/null
+expect_refusal drop-last-share 2 "--drop-last: the train split of two.h5 (2 samples) has fewer samples than the 3 ranks" -- \
+  --dataset two.h5 --max-steps 2 --micro-batch 1 --drop-last
+
+# Bounds of options: a minimum loss scale above the start, a bucket of no byte, a DeepSpeed
+# batch whose product overflows 64 bits.
+expect_refusal min-loss-scale 2 "--min-loss-scale 131072: must not exceed the dynamic loss scale's start, 2^16 = 65536" -- \
+  --dataset small.h5 --max-steps 2 --micro-batch 16 --min-loss-scale 131072
+expect_refusal bucket-mb 2 "--bucket-mb 1e-07: must be a number of MiB from 2^-20 (one byte) to 1e6" -- \
+  --dataset small.h5 --max-steps 2 --micro-batch 16 --bucket-mb 1e-7
+echo '{"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647}' \
+  > ds-overflow.json
+expect_refusal ds-batch-overflow 2 "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size = 2147483647 x 2147483647 x 3 ranks overflows a 64-bit integer" -- \
+  --dataset small.h5 --max-steps 2 --deepspeed-config ds-overflow.json
 
 # Checkpoints that cannot be resumed from: missing, not HDF5, not a checkpoint (the dataset
 # file), truncated, another model's, one whose data was altered.

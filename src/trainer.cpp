@@ -17,6 +17,7 @@
 #include "hpc_train/checkpoint.h"
 #include "hpc_train/checkpoint_files.h"
 #include "hpc_train/device_input.h"
+#include "hpc_train/epoch_batches.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
@@ -27,8 +28,10 @@
 #include "hpc_train/metrics.h"
 #include "hpc_train/models.h"
 #include "hpc_train/reducer.h"
+#include "hpc_train/run_report.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/step_graph.h"
+#include "hpc_train/training_state.h"
 #include "hpc_train/stop_signal.h"
 #include "hpc_train/zero_optimizer.h"
 
@@ -53,198 +56,9 @@ torch::Dtype model_dtype(const std::string& precision) {
   return torch::kFloat;
 }
 
-// One log interval's sums over its optimizer steps (times in milliseconds).
-struct IntervalTimes {
-  int64_t steps = 0;
-  int64_t phase_timed_steps = 0;  // eager steps (StepBreakdown)
-  int64_t samples = 0;  // this rank's
-  double loss_sum = 0.0;
-  double data_wait_ms = 0.0;
-  double forward_ms = 0.0;
-  double backward_ms = 0.0;
-  double comm_wait_ms = 0.0;
-  double optimizer_ms = 0.0;
-  double comm_span_ms = 0.0;
-  int64_t comm_bytes = 0;
-  Stopwatch wall;
-
-  void add(const IntervalTimes& other) {
-    steps += other.steps;
-    phase_timed_steps += other.phase_timed_steps;
-    samples += other.samples;
-    loss_sum += other.loss_sum;
-    data_wait_ms += other.data_wait_ms;
-    forward_ms += other.forward_ms;
-    backward_ms += other.backward_ms;
-    comm_wait_ms += other.comm_wait_ms;
-    optimizer_ms += other.optimizer_ms;
-    comm_span_ms += other.comm_span_ms;
-    comm_bytes += other.comm_bytes;
-  }
-
-  // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
-  // reduce-scatter busbw = algbw * (n-1)/n. The time is each backward's span from its first
-  // collective's start to the last one's observed end, so the figure is a lower bound.
-  StepBreakdown breakdown(int world_size, bool reduce_scatter) const {
-    const double n = world_size;
-    const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
-    const double per_timed_step = 1.0 / static_cast<double>(std::max<int64_t>(1, phase_timed_steps));
-    const double bus_factor = reduce_scatter ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
-    StepBreakdown b;
-    b.phase_timed_steps = phase_timed_steps;
-    b.data_wait_ms = data_wait_ms * per_step;
-    b.forward_ms = forward_ms * per_timed_step;
-    b.backward_ms = backward_ms * per_timed_step;
-    b.comm_wait_ms = comm_wait_ms * per_timed_step;
-    b.optimizer_ms = optimizer_ms * per_timed_step;
-    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_timed_step;
-    b.busbw_gb_s = comm_span_ms > 0 ? comm_bytes / (comm_span_ms * 1e6) * bus_factor : 0.0;
-    return b;
-  }
-};
-
-// The rank's micro-batches of one epoch on the device, each one's copy started while the step
-// before it runs (device_input.h): from the loader thread, or gathered from the split kept
-// resident on the device.
-class EpochBatches {
- public:
-  // `indices`: the rank's epoch plan from the first batch not yet consumed, which is batch
-  // `first_batch` of the epoch (a resumed epoch starts later; the augmentation draws follow
-  // the batch's place in the whole epoch).
-  EpochBatches(DeviceInput& input, const DatasetFile& dataset, std::vector<int64_t> indices,
-               int64_t batch_size, int prefetch_batches, int64_t epoch, int64_t first_batch,
-               bool resident)
-      : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch),
-        indices_(std::move(indices)) {
-    if (!resident) loader_.emplace(dataset, Split::kTrain, indices_, batch_size, prefetch_batches);
-  }
-
-  // Micro-batches in the plan.
-  int64_t batches() const { return batches_per_epoch(static_cast<int64_t>(indices_.size()), batch_size_); }
-
-  // Stages the next batch; false after the epoch's last. Time blocked on the loader adds to
-  // *wait_ms.
-  bool prepare_next(double* wait_ms) {
-    const int64_t index = first_batch_ + batches_prepared_;
-    const int64_t begin = batches_prepared_ * batch_size_;
-    if (begin >= static_cast<int64_t>(indices_.size())) return false;
-    const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
-    if (loader_) {
-      Stopwatch wait;
-      const bool more = loader_->next(host_batch_);
-      *wait_ms += wait.elapsed_ms();
-      if (!more) throw Error("the loader ended before the epoch plan did");
-      host_batch_.index_in_epoch = index;
-      input_.prepare(host_batch_, epoch_);
-    } else {
-      input_.prepare_resident(std::vector<int64_t>(indices_.begin() + begin, indices_.begin() + end),
-                              index, epoch_);
-    }
-    prepared_.emplace_back(begin, end);
-    ++batches_prepared_;
-    return true;
-  }
-
-  int64_t prepared_size() const { return prepared_.front().second - prepared_.front().first; }
-  DeviceBatch take() {
-    taken_ = prepared_.front();
-    prepared_.pop_front();
-    return input_.take();
-  }
-  // The dataset indices of the batch taken last.
-  std::vector<int64_t> taken_indices() const {
-    return std::vector<int64_t>(indices_.begin() + taken_.first, indices_.begin() + taken_.second);
-  }
-  double loader_wait_ms() const { return loader_ ? loader_->wait_ms() : 0.0; }
-
- private:
-  DeviceInput& input_;
-  int64_t batch_size_;
-  int64_t epoch_;
-  int64_t first_batch_;
-  std::vector<int64_t> indices_;  // the plan (the loader reads a copy)
-  std::optional<BatchLoader> loader_;
-  HostBatch host_batch_;
-  std::deque<std::pair<int64_t, int64_t>> prepared_;  // [begin, end) in indices_, staged in order
-  std::pair<int64_t, int64_t> taken_{0, 0};
-  int64_t batches_prepared_ = 0;
-};
-
-// Test-only: with HPC_TRAIN_TEST_SAMPLE_TRACE=PREFIX in the environment, every rank appends one
-// line per micro-batch to PREFIX.<rank>: the epoch, the optimizer step the micro-batch counts
-// towards, then its dataset indices. The resume tests compare what runs saw
-// (Note [Resume position]); nothing else reads it.
-class SampleTrace {
- public:
-  explicit SampleTrace(int rank) {
-    const char* prefix = std::getenv("HPC_TRAIN_TEST_SAMPLE_TRACE");
-    if (prefix == nullptr || *prefix == '\0') return;
-    const std::string path = std::string(prefix) + "." + std::to_string(rank);
-    file_ = std::fopen(path.c_str(), "a");
-    if (file_ == nullptr) throw Error("HPC_TRAIN_TEST_SAMPLE_TRACE: cannot open " + path);
-  }
-  ~SampleTrace() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  SampleTrace(const SampleTrace&) = delete;
-  SampleTrace& operator=(const SampleTrace&) = delete;
-
-  bool on() const { return file_ != nullptr; }
-  void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices) {
-    std::fprintf(file_, "%lld %lld", static_cast<long long>(epoch), static_cast<long long>(step));
-    for (int64_t index : indices) std::fprintf(file_, " %lld", static_cast<long long>(index));
-    std::fprintf(file_, "\n");
-    std::fflush(file_);
-  }
-
- private:
-  std::FILE* file_ = nullptr;
-};
-
 }  // namespace
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
-
-nlohmann::json TrainSummary::to_json() const {
-  return {{"world_size", world_size},
-          {"model", model},
-          {"parameters", parameters},
-          {"zero_stage", zero_stage},
-          {"precision", precision},
-          {"placement", placement},
-          {"epochs_completed", epochs_completed},
-          {"steps", steps},
-          {"global_batch", global_batch},
-          {"final_train_loss", final_train_loss},
-          {"test_loss", test.loss},
-          {"test_accuracy", test.accuracy},
-          {"test_correct", test.correct},
-          {"test_samples", test.samples},
-          {"wall_s", wall_s},
-          {"samples_per_s", samples_per_s},
-          {"ms_per_step", ms_per_step},
-          {"skipped_steps", skipped_steps},
-          {"graph_replays", graph_replays},
-          {"loss_scale", loss_scale},
-          {"parameter_bytes_per_rank", memory.parameters},
-          {"gradient_bytes_per_rank", memory.gradients},
-          {"optimizer_state_bytes_per_rank", memory.optimizer_state},
-          {"training_flops_per_sample", training_flops_per_sample},
-          {"mfu", mfu},
-          {"peak_allocated_bytes_per_rank", peak_allocated_bytes_per_rank},
-          {"resumed_from", resumed_from},
-          {"last_checkpoint", last_checkpoint},
-          {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
-          {"step_breakdown", breakdown.to_json()}};
-}
-
-nlohmann::json StepBreakdown::to_json() const {
-  return {{"phase_timed_steps", phase_timed_steps},
-          {"data_wait_ms", data_wait_ms},   {"forward_ms", forward_ms},
-          {"backward_ms", backward_ms},     {"comm_wait_ms", comm_wait_ms},
-          {"optimizer_ms", optimizer_ms},   {"comm_bytes_per_step", comm_bytes_per_step},
-          {"busbw_gb_s", busbw_gb_s}};
-}
 
 struct Trainer::Impl {
   TrainConfig config;
@@ -382,66 +196,19 @@ struct Trainer::Impl {
     return broadcast_string(comm.mpi_comm(), found, 0);
   }
 
-  // The model's state_dict (parameters, then buffers) in fp32, as checkpoints and weight
-  // exports hold it; num_batches_tracked stays int64.
-  std::vector<CheckpointTensor> model_state() const {
-    std::vector<CheckpointTensor> state;
-    auto add = [&](const std::string& name, const torch::Tensor& value) {
-      const bool integral = !at::isFloatingType(value.scalar_type());
-      const torch::Tensor host =
-          value.detach().to(torch::kCPU, integral ? torch::kLong : torch::kFloat).contiguous();
-      CheckpointTensor tensor;
-      tensor.name = name;
-      tensor.dtype = integral ? "I64" : "F32";
-      tensor.shape = host.sizes().vec();
-      const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
-      tensor.data.assign(bytes, bytes + host.numel() * host.element_size());
-      state.push_back(std::move(tensor));
-    };
-    for (const auto& item : model->named_parameters()) add(item.key(), item.value());
-    for (const auto& item : model->named_buffers()) add(item.key(), item.value());
-    return state;
-  }
-
-  static std::vector<float> to_host_floats(const torch::Tensor& t) {
-    const torch::Tensor host = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
-  }
-
-  // What a weights export needs (write_weights_safetensors): the model, its input and its
-  // state_dict at `global_step`. Not collective.
-  Checkpoint model_checkpoint(int64_t global_step) const {
-    const DatasetInfo& info = dataset.info();
-    Checkpoint c;
-    c.model = config.model;
-    c.channels = info.channels;
-    c.height = info.height;
-    c.width = info.width;
-    c.num_classes = info.num_classes;
-    c.position.global_step = global_step;
-    c.model_state = model_state();
-    return c;
-  }
-
   // Everything a later run needs to continue from `position`. Collective (the optimizer state
   // is gathered from its partitions).
   Checkpoint make_checkpoint(const TrainingPosition& position) {
-    FullOptimizerState state = optimizer->gather_full_state();
-    Checkpoint c = model_checkpoint(position.global_step);
+    Checkpoint c = model_checkpoint(config.model, dataset.info(), *model, position.global_step);
+    add_optimizer_and_rng_state(c, optimizer->gather_full_state());
     c.precision = config.precision;
     c.zero_stage = config.zero_stage;
     c.world_size = comm.size();
     c.config_ini = to_ini(config);
     c.position = position;
-    c.optimizer_steps = state.steps;
     c.has_loss_scaler = loss_scaling.has_value();
     c.loss_scaler_dynamic = loss_scaling && loss_scaling->fixed_scale <= 0;
     c.loss_scaler = optimizer->report().scaler;
-    const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-    c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
-    c.master = to_host_floats(state.master);
-    c.exp_avg = to_host_floats(state.exp_avg);
-    c.exp_avg_sq = to_host_floats(state.exp_avg_sq);
     return c;
   }
 
@@ -478,36 +245,8 @@ struct Trainer::Impl {
   // A checkpoint of another model or input is a DataError.
   void resume(const std::string& path) {
     const Checkpoint c = read_checkpoint(path);
-    const DatasetInfo& info = dataset.info();
-    std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-    for (const auto& item : model->named_parameters())
-      expected.emplace_back(item.key(), item.value().sizes().vec());
-    std::map<std::string, torch::Tensor> buffers;
-    for (const auto& item : model->named_buffers()) {
-      expected.emplace_back(item.key(), item.value().sizes().vec());
-      buffers[item.key()] = item.value();
-    }
-    check_checkpoint_fits(c, path, config.model, info.channels, info.height, info.width,
-                          info.num_classes, expected, flat.numel());
-    torch::NoGradGuard no_grad;
-    // Buffers from the file; the parameters follow the fp32 master weights (load_full_state).
-    for (const CheckpointTensor& tensor : c.model_state) {
-      const auto buffer = buffers.find(tensor.name);
-      if (buffer == buffers.end()) continue;
-      buffer->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
-                                            tensor.dtype == "I64" ? torch::kLong : torch::kFloat));
-    }
-    auto from_vector = [&](const std::vector<float>& values) {
-      return torch::from_blob(const_cast<float*>(values.data()),
-                              {static_cast<int64_t>(values.size())}, torch::kFloat)
-          .to(device);
-    };
-    FullOptimizerState state;
-    state.master = from_vector(c.master);
-    state.exp_avg = from_vector(c.exp_avg);
-    state.exp_avg_sq = from_vector(c.exp_avg_sq);
-    state.steps = c.optimizer_steps;
-    optimizer->load_full_state(state);
+    optimizer->load_full_state(restore_model_and_rng(c, path, config.model, dataset.info(), *model,
+                                                     flat.numel(), device));
     // Note [Scaler on resume] (checkpoint.h).
     const bool continue_scaler = continues_loss_scaler(c, loss_scaling);
     const LossScalerState scaler_state =
@@ -525,12 +264,6 @@ struct Trainer::Impl {
                                         scaler_state.scale)
                       .c_str(),
                   scaler_state.scale);
-    if (!c.rng_state.empty()) {
-      torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
-      std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      generator.set_state(rng);
-    }
     start = c.position;
     // A version 1 checkpoint did not record the position in samples; it continued at its
     // micro-steps times this run's micro-batch and world size, which is right when they are the
@@ -567,16 +300,6 @@ struct Trainer::Impl {
   }
 
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-  // "fp16, dynamic, scale 1024", "fp16, fixed scale 128", "bf16, no scaling".
-  static std::string describe_loss_scaling(const std::string& precision, bool scaled, bool dynamic,
-                                           double scale) {
-    char text[96];
-    if (!scaled) std::snprintf(text, sizeof text, "%s, no scaling", precision.c_str());
-    else if (dynamic) std::snprintf(text, sizeof text, "%s, dynamic, scale %g", precision.c_str(), scale);
-    else std::snprintf(text, sizeof text, "%s, fixed scale %g", precision.c_str(), scale);
-    return text;
-  }
 
   // Batch-norm running statistics are updated by each rank from its own batches; like DDP's
   // broadcast_buffers, rank 0's are the model's. They matter only in evaluation (and export).
@@ -719,18 +442,6 @@ struct Trainer::Impl {
     return bytes;
   }
 
-  void print_progress_bar(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                          double loss) const {
-    constexpr int kBarWidth = 30;
-    const int filled = static_cast<int>(kBarWidth * (step_in_epoch + 1) / steps_per_epoch);
-    std::string bar(filled, '#');
-    bar.resize(kBarWidth, '.');
-    std::printf("\rEpoch [%d/%d] [%s] %lld/%lld Loss: %.4f", epoch + 1, config.epochs,
-                bar.c_str(), static_cast<long long>(step_in_epoch + 1),
-                static_cast<long long>(steps_per_epoch), loss);
-    std::fflush(stdout);
-  }
-
   // Rank 0's log line and metrics record for the interval that ends with this step.
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
@@ -742,46 +453,28 @@ struct Trainer::Impl {
                         (comm.size() * steps * config.grad_accum);
     const double interval_ms = times.wall.elapsed_ms();
     const double samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
-    const StepBreakdown b = times.breakdown(comm.size(), config.zero_stage == 2);
-    const MemoryBytes bytes = memory();
-    nlohmann::json record = {{"kind", "train"},
-                             {"epoch", epoch + 1},
-                             {"step", global_step},
-                             {"step_in_epoch", step_in_epoch + 1},
-                             {"loss", loss},
-                             {"lr", report.last_lr},
-                             {"samples_per_s", samples_per_s},
-                             {"ms_per_step", interval_ms / steps},
-                             {"buckets", reducer->num_buckets()},
-                             {"loss_scale", report.loss_scale},
-                             {"skipped_steps", report.skipped_steps},
-                             {"parameter_bytes", bytes.parameters},
-                             {"gradient_bytes", bytes.gradients},
-                             {"optimizer_state_bytes", bytes.optimizer_state}};
-    record.update(b.to_json());
+    IntervalReport line;
+    line.epoch = epoch;
+    line.epochs = config.epochs;
+    line.step_in_epoch = step_in_epoch;
+    line.steps_per_epoch = steps_per_epoch;
+    line.global_step = global_step;
+    line.loss = loss;
+    line.lr = report.last_lr;
+    line.samples_per_s = samples_per_s;
+    line.ms_per_step = interval_ms / steps;
+    line.buckets = reducer->num_buckets();
+    line.show_loss_scale = loss_scaling.has_value();
+    line.loss_scale = report.loss_scale;
+    line.skipped_steps = report.skipped_steps;
+    line.memory = memory();
+    line.breakdown = times.breakdown(comm.size(), config.zero_stage == 2);
     // Every rank's GPU figures, min and max over the ranks (collective).
     const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
     const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak,
                                                 comm.mpi_comm());
-    if (placement.cuda) record.update(gpu.to_json());
-    metrics.write(record);
-    if (is_printer && !output.progress_bar) {
-      std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step ",
-                  epoch + 1, config.epochs, static_cast<long long>(step_in_epoch + 1),
-                  static_cast<long long>(steps_per_epoch), loss, samples_per_s,
-                  interval_ms / steps);
-      if (b.phase_timed_steps > 0)
-        std::printf("(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
-                    b.forward_ms, b.backward_ms, b.comm_wait_ms, b.optimizer_ms,
-                    b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
-      else
-        std::printf("(CUDA graph replays; data wait %.2f)", b.data_wait_ms);
-      if (config.precision == "fp16")
-        std::printf(", loss scale %g, skipped %lld", report.loss_scale,
-                    static_cast<long long>(report.skipped_steps));
-      if (placement.cuda && gpu.measured) std::printf("; %s", gpu.describe().c_str());
-      std::printf("\n");
-    }
+    if (placement.cuda) line.gpu = gpu;
+    report_interval(line, metrics, is_printer && !output.progress_bar);
     std::fflush(stdout);
     run_times.add(times);
     times = IntervalTimes{};
@@ -952,7 +645,7 @@ struct Trainer::Impl {
         }
         step_wall.restart();
         if (is_printer && output.progress_bar)
-          print_progress_bar(epoch, step_in_epoch, steps_per_epoch, shown_loss);
+          print_progress_bar(epoch, config.epochs, step_in_epoch, steps_per_epoch, shown_loss);
         ++step_in_epoch;
         auto here = [&] {
           return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
@@ -1010,7 +703,8 @@ struct Trainer::Impl {
       std::fflush(stdout);
     }
     if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
-      write_weights_safetensors(config.export_weights, model_checkpoint(global_step));
+      write_weights_safetensors(config.export_weights,
+                                model_checkpoint(config.model, info, *model, global_step));
       if (is_printer) std::printf("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;

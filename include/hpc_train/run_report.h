@@ -1,0 +1,154 @@
+// What a run reports: the per-interval record and log line (rank 0), the progress bar, and the
+// run's summary (TrainSummary, summary.json). The trainer measures and agrees on the figures
+// (collectives); this unit only shapes and writes them.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hpc_train/gpu_monitor.h"
+#include "hpc_train/metrics.h"
+
+namespace hpc_train {
+
+struct EvalResult {
+  double loss = 0.0;       // mean cross entropy over the split
+  double accuracy = 0.0;   // correct / samples
+  int64_t correct = 0;
+  int64_t samples = 0;     // summed over ranks: the whole split, each sample once
+};
+
+// Bytes this rank holds, by kind (what ZeRO partitions).
+struct MemoryBytes {
+  int64_t parameters = 0;       // the flat parameter buffer (model dtype)
+  int64_t gradients = 0;        // the flat gradient buffer, plus the stage-2 partition
+  int64_t optimizer_state = 0;  // Adam moments, plus fp32 master weights when separate
+};
+
+// Where a step's time goes, per optimizer step, averaged over the run (milliseconds), and what
+// the gradient collectives moved. The phases (forward to optimizer) and the communication
+// figures are timed on the host, so only in eager steps (a step replayed from a CUDA graph is
+// one launch): they average over phase_timed_steps, data_wait_ms over every step.
+struct StepBreakdown {
+  int64_t phase_timed_steps = 0;  // the eager steps the phases were timed in
+  double data_wait_ms = 0.0;   // blocked on the loader
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;    // collectives started from the hooks run inside it
+  double comm_wait_ms = 0.0;   // exposed communication: waiting after backward
+  double optimizer_ms = 0.0;   // unscale, clip, update, all-gather
+  double comm_bytes_per_step = 0.0;
+  double busbw_gb_s = 0.0;     // nccl-tests' bus bandwidth, a lower bound (see trainer.cpp)
+  nlohmann::json to_json() const;
+};
+
+struct TrainSummary {
+  int world_size = 1;
+  std::string model;
+  int64_t parameters = 0;
+  int epochs_completed = 0;
+  int64_t steps = 0;
+  int64_t global_batch = 0;
+  double final_train_loss = 0.0;  // mean over the last epoch's steps (or those run of it)
+  EvalResult test;
+  double wall_s = 0.0;            // the whole run, evaluation included
+  double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
+  double ms_per_step = 0.0;       // likewise
+  int64_t skipped_steps = 0;      // fp16 overflows
+  int64_t graph_replays = 0;      // GPU: steps replayed from the captured CUDA graph (--cuda-graph)
+  double loss_scale = 1.0;        // at the end
+  MemoryBytes memory;             // rank 0's
+  StepBreakdown breakdown;        // rank 0's
+  int zero_stage = 0;
+  std::string precision;
+  std::string placement;          // rank 0's device and backend
+  double training_flops_per_sample = 0.0;  // GPU: 3 x the forward's (models.h)
+  double mfu = 0.0;               // GPU: model FLOPs utilisation against the GPU's peak; 0 = unknown
+  std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
+  std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
+  std::string last_checkpoint;    // the last checkpoint written; empty = none
+  int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
+  nlohmann::json to_json() const;
+};
+
+// One log interval's sums over its optimizer steps (times in milliseconds).
+struct IntervalTimes {
+  int64_t steps = 0;
+  int64_t phase_timed_steps = 0;  // eager steps (StepBreakdown)
+  int64_t samples = 0;  // this rank's
+  double loss_sum = 0.0;
+  double data_wait_ms = 0.0;
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  double comm_wait_ms = 0.0;
+  double optimizer_ms = 0.0;
+  double comm_span_ms = 0.0;
+  int64_t comm_bytes = 0;
+  Stopwatch wall;
+
+  void add(const IntervalTimes& other) {
+    steps += other.steps;
+    phase_timed_steps += other.phase_timed_steps;
+    samples += other.samples;
+    loss_sum += other.loss_sum;
+    data_wait_ms += other.data_wait_ms;
+    forward_ms += other.forward_ms;
+    backward_ms += other.backward_ms;
+    comm_wait_ms += other.comm_wait_ms;
+    optimizer_ms += other.optimizer_ms;
+    comm_span_ms += other.comm_span_ms;
+    comm_bytes += other.comm_bytes;
+  }
+
+  // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
+  // reduce-scatter busbw = algbw * (n-1)/n. The time is each backward's span from its first
+  // collective's start to the last one's observed end, so the figure is a lower bound.
+  StepBreakdown breakdown(int world_size, bool reduce_scatter) const {
+    const double n = world_size;
+    const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
+    const double per_timed_step = 1.0 / static_cast<double>(std::max<int64_t>(1, phase_timed_steps));
+    const double bus_factor = reduce_scatter ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
+    StepBreakdown b;
+    b.phase_timed_steps = phase_timed_steps;
+    b.data_wait_ms = data_wait_ms * per_step;
+    b.forward_ms = forward_ms * per_timed_step;
+    b.backward_ms = backward_ms * per_timed_step;
+    b.comm_wait_ms = comm_wait_ms * per_timed_step;
+    b.optimizer_ms = optimizer_ms * per_timed_step;
+    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_timed_step;
+    b.busbw_gb_s = comm_span_ms > 0 ? comm_bytes / (comm_span_ms * 1e6) * bus_factor : 0.0;
+    return b;
+  }
+};
+
+// One log interval as every rank agreed on it (the trainer's log_interval fills it).
+struct IntervalReport {
+  int epoch = 0;  // 0-based
+  int epochs = 0;
+  int64_t step_in_epoch = 0;  // 0-based
+  int64_t steps_per_epoch = 0;
+  int64_t global_step = 0;
+  double loss = 0.0;  // mean over the interval's micro-batches and the ranks
+  double lr = 0.0;
+  double samples_per_s = 0.0;
+  double ms_per_step = 0.0;
+  size_t buckets = 0;
+  bool show_loss_scale = false;  // fp16
+  double loss_scale = 1.0;
+  int64_t skipped_steps = 0;
+  MemoryBytes memory;
+  StepBreakdown breakdown;
+  std::optional<GpuSpread> gpu;  // GPU runs
+};
+
+// The interval's record in `metrics` (a closed writer writes nothing), and its log line on
+// stdout when `print`.
+void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool print);
+
+// "\rEpoch [e/E] [#####.....] s/S Loss: x", redrawn in place (a terminal).
+void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                        double loss);
+
+}  // namespace hpc_train

@@ -283,4 +283,12 @@ int64_t Communicator::all_reduce_count(int64_t value, ReduceOp op, const std::st
   return result;
 }
 
+void Communicator::broadcast_ints(std::vector<int>& values, int root, const std::string& label) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ibcast(values.data(), mpi_count(static_cast<int64_t>(values.size()), "broadcast"),
+                       MPI_INT, root, comm_, &request));
+  make_work(request, watchdog_, "broadcast", label,
+            static_cast<int64_t>(values.size() * sizeof(int))).wait();
+}
+
 }  // namespace hpc_train

@@ -164,8 +164,8 @@ BucketLayout Reducer::rebuilt_layout() {
   for (int p : order) seen[p] = true;
   for (int i = static_cast<int>(parameters.size()) - 1; i >= 0; --i)
     if (!seen[i]) order.push_back(i);
-  // Control data: over MPI on the host, whatever the tensor backend.
-  MPI_CHECK(MPI_Bcast(order.data(), static_cast<int>(order.size()), MPI_INT, 0, comm_.mpi_comm()));
+  // Rank 0's order, so that every rank rebuilds alike (control data: over MPI on the host).
+  comm_.broadcast_ints(order, 0, "bucket order");
   std::vector<BucketParameter> ready_order;
   std::vector<int64_t> numels;
   for (int p : order) {

@@ -282,6 +282,8 @@ class Communicator {
   // watched like the rest.
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
   int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
+  // Root's `values` to every rank (same length everywhere), over MPI; watched like the rest.
+  void broadcast_ints(std::vector<int>& values, int root, const std::string& label = {});
 
  private:
   MPI_Comm comm_;

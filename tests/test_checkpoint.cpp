@@ -26,11 +26,14 @@
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/safetensors.h"
+#include "mpi_world.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;
 
 namespace {
+
+using test_support::world_rank;
 
 #if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
 constexpr bool kParallelHdf5 = true;
@@ -39,12 +42,6 @@ constexpr bool kParallelHdf5 = false;
 #endif
 
 constexpr size_t kOptimizerElements = 155530;  // 3 x 51843 + 1: the shares cannot be equal
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -21,23 +21,15 @@
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
+#include "mpi_world.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;
 
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test_support::world_rank;
+using test_support::world_size;
 
 bool thread_multiple() {
   int level = MPI_THREAD_SINGLE;

@@ -16,22 +16,14 @@
 #include "hpc_train/error.h"
 #include "hpc_train/gpu_monitor.h"
 #include "hpc_train/models.h"
+#include "mpi_world.h"
 
 using namespace hpc_train;
 
 namespace {
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test_support::world_rank;
+using test_support::world_size;
 
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include "hpc_train/config.h"
 #include "hpc_train/error.h"
 #include "hpc_train/placement.h"
+#include "mpi_world.h"
 
 using hpc_train::CommBackendKind;
 using hpc_train::ConfigError;
@@ -23,6 +24,9 @@ using hpc_train::RankDevices;
 using hpc_train::TrainConfig;
 
 namespace {
+
+using test_support::world_rank;
+using test_support::world_size;
 
 TrainConfig with(const std::string& device, const std::string& backend) {
   TrainConfig config;
@@ -246,18 +250,6 @@ TEST(Placement, ChoosesTheDevice) {
 // --- Over MPI, at 1 and 3 ranks: rank r plays local rank r % 2 of node "n<r / 2>".
 
 namespace {
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
 
 RankDevices report(int gpus, const std::string& bus_id) {
   RankDevices mine;

@@ -161,6 +161,15 @@ class AttributeReader {
     a.type = h5::Type(H5_CHECK(H5Aget_type(a.attribute.get())));
     h5::Dataspace space(H5_CHECK(H5Aget_space(a.attribute.get())));
     a.points = H5_CHECK(H5Sget_simple_extent_npoints(space.get()));
+    // An attribute's values are stored in the file, but HDF5's own size check can wrap: it wrote
+    // class_names of 2^61 + 3 strings, which the readers below tried to allocate (found by
+    // fuzz/fuzz_dataset_file.cpp). Checked before anything is allocated for the values.
+    std::error_code error;
+    const uintmax_t file_bytes = fs::file_size(path_, error);
+    const size_t value_bytes = std::max<size_t>(1, H5Tget_size(a.type.get()));
+    if (error || static_cast<uintmax_t>(a.points) > file_bytes / value_bytes)
+      throw DataError(where(name) + " claims " + std::to_string(a.points) + " values of " +
+                      std::to_string(value_bytes) + " bytes, more than the file holds");
     return a;
   }
 

@@ -182,6 +182,9 @@ json parse_file(const std::string& path) {
     root = json::parse(text.str(), on_event);
   } catch (const json::parse_error& e) {
     throw ConfigError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const json::out_of_range& e) {
+    // What nlohmann throws for a number beyond a double's range (1e400); it escaped as exit 1.
+    throw ConfigError(path + ": not valid JSON: " + e.what());
   }
   if (!duplicate.empty()) {
     throw ConfigError(path + ": key '" + duplicate +

@@ -646,6 +646,10 @@ TEST_F(DeepSpeedConfigTest, FileErrors) {
   message = error("[1, 2]");
   EXPECT_TRUE(contains(message, "the top level must be a JSON object")) << message;
 
+  // A number beyond a double's range: nlohmann throws out_of_range, not parse_error.
+  message = error(R"({"train_batch_size": 1e400})");
+  EXPECT_TRUE(contains(message, "ds_config.json: not valid JSON")) << message;
+  EXPECT_TRUE(contains(message, "number overflow parsing '1e400'")) << message;
   // 100,000 nested arrays (a 200 kB file) overflowed the stack while the message quoted them.
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   message = error(R"({"train_batch_size": 8, "optimizer": )" + deep + "}");

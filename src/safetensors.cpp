@@ -187,6 +187,10 @@ json parse_header_json(const std::string& path, const std::string& text) {
   } catch (const json::parse_error& error) {
     throw DataError(path + ": the header is not valid JSON (" + error.what() +
                     "): not a safetensors file, or a corrupt one");
+  } catch (const json::out_of_range& error) {
+    // What nlohmann throws for a number beyond a double's range (1e400).
+    throw DataError(path + ": the header is not valid JSON (" + error.what() +
+                    "): not a safetensors file, or a corrupt one");
   }
   if (!header.is_object())
     throw DataError(path + ": the header is not a JSON object: not a safetensors file");

@@ -629,6 +629,20 @@ TEST_F(DatasetFileTest, OpenRejectsAttributesLargerThanTheFile) {
   }
 }
 
+// Labels that the file declares but does not hold read as zeros: a 20 kB file that declared 2^27
+// samples made open allocate 1 GiB for them. Here 37 unwritten labels, the same case made small.
+TEST_F(DatasetFileTest, OpenRejectsLabelsTheFileDoesNotHold) {
+  const std::string unwritten = foreign("unwritten_labels.h5", [](hid_t f) {
+    replace_dataset(f, "/train/labels", H5T_STD_I64LE, {kTrain});
+  });
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    expect_data_error([&] { DatasetFile::open(unwritten, access, MPI_COMM_WORLD); },
+                      {"unwritten_labels.h5: /train/labels declares 37 labels",
+                       "the file does not hold them all"});
+  }
+}
+
 TEST(FileAccessChoice, PreferredAccess) {
   EXPECT_EQ(preferred_file_access(false), FileAccess::kSerial);
 #if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)

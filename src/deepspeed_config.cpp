@@ -139,10 +139,18 @@ json parse_file(const std::string& path) {
   };
   std::vector<Frame> frames;
   std::string duplicate;
-  const auto on_event = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  constexpr int kMaxJsonDepth = 128;  // arrays and objects inside each other
+  const auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
+        // The messages quote a wrong value with dump(), which recurses: 100,000 nested brackets
+        // overflowed the stack (found by fuzz/fuzz_deepspeed_config.cpp). DeepSpeed's keys nest
+        // 4 levels; Python's json stops near 1,000.
+        if (depth >= kMaxJsonDepth) {
+          throw ConfigError(path + ": arrays and objects nested more than " +
+                            std::to_string(kMaxJsonDepth) + " levels deep; DeepSpeed's keys need 4");
+        }
         frames.push_back({event == json::parse_event_t::object_start, {}});
         break;
       case json::parse_event_t::object_end:
@@ -174,6 +182,9 @@ json parse_file(const std::string& path) {
     root = json::parse(text.str(), on_event);
   } catch (const json::parse_error& e) {
     throw ConfigError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const json::out_of_range& e) {
+    // What nlohmann throws for a number beyond a double's range (1e400); it escaped as exit 1.
+    throw ConfigError(path + ": not valid JSON: " + e.what());
   }
   if (!duplicate.empty()) {
     throw ConfigError(path + ": key '" + duplicate +

@@ -25,6 +25,7 @@ using json = nlohmann::json;
 // The reference implementation refuses longer headers; so do we, so that a corrupt length does
 // not make us allocate gigabytes before finding out.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr int kMaxJsonDepth = 128;  // arrays and objects inside each other in the header
 constexpr size_t kLengthFieldBytes = 8;
 constexpr size_t kHeaderAlignmentBytes = 8;
 const char* const kMetadataKey = "__metadata__";
@@ -167,6 +168,13 @@ json parse_header_json(const std::string& path, const std::string& text) {
   std::set<std::string> top_level_keys;
   std::string duplicate;
   const auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    // The messages quote a wrong entry with dump(), which recurses: 100,000 nested brackets
+    // overflowed the stack (found while fuzzing, fuzz/fuzz_safetensors.cpp). The reference
+    // implementation's JSON reader (serde_json) stops at 128 levels too; a header needs 3.
+    if ((event == json::parse_event_t::object_start ||
+         event == json::parse_event_t::array_start) && depth >= kMaxJsonDepth)
+      throw DataError(path + ": the header nests arrays and objects more than " +
+                      std::to_string(kMaxJsonDepth) + " levels deep: not a safetensors file");
     if (event == json::parse_event_t::key && depth == 1 && duplicate.empty()) {
       const std::string key = parsed.get<std::string>();
       if (!top_level_keys.insert(key).second) duplicate = key;
@@ -177,6 +185,10 @@ json parse_header_json(const std::string& path, const std::string& text) {
   try {
     header = json::parse(text, on_event);
   } catch (const json::parse_error& error) {
+    throw DataError(path + ": the header is not valid JSON (" + error.what() +
+                    "): not a safetensors file, or a corrupt one");
+  } catch (const json::out_of_range& error) {
+    // What nlohmann throws for a number beyond a double's range (1e400).
     throw DataError(path + ": the header is not valid JSON (" + error.what() +
                     "): not a safetensors file, or a corrupt one");
   }

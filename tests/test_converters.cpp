@@ -176,6 +176,31 @@ TEST_F(IdxTest, Truncated) {
                     {"t10k-images-idx3-ubyte", "truncated", "67 data bytes", "says 72"});
 }
 
+// 16 x 2^30 x 2^30 bytes is 2^64, which wrapped to 0: a header without image bytes passed.
+TEST_F(IdxTest, DimensionsOverTwoToThe64) {
+  write_valid_set();
+  std::vector<uint8_t> bytes = idx_images(0, int64_t{1} << 30, int64_t{1} << 30);
+  write_file("t10k-images-idx3-ubyte", bytes);  // 0 x 2^30 x 2^30: 0 bytes, right
+  write_file("t10k-labels-idx1-ubyte", idx_labels(0));
+  bytes[7] = 16;  // 16 x 2^30 x 2^30, with no data bytes
+  write_file("train-images-idx3-ubyte", bytes);
+  write_file("train-labels-idx1-ubyte", idx_labels(16));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"train-images-idx3-ubyte", "truncated: 0 data bytes",
+                     "16x1073741824x1073741824 (over 2^64 bytes)"});
+}
+
+TEST_F(IdxTest, ZeroHeightOrWidth) {
+  write_valid_set();
+  write_file("t10k-images-idx3-ubyte", idx_images(3, 0, 6, 100));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"t10k-images-idx3-ubyte", "images of 0x6 pixels"});
+  write_file("t10k-images-idx3-ubyte", idx_images(3, 4, 6, 100));
+  write_file("train-images-idx3-ubyte", idx_images(5, 4, 0));
+  expect_data_error([&] { read_source_dataset(SourceFormat::kMnist, dir_, {}); },
+                    {"train-images-idx3-ubyte", "images of 4x0 pixels"});
+}
+
 TEST_F(IdxTest, TruncatedGzipStream) {
   write_valid_set();
   const std::string gz = path("train-images-idx3-ubyte.gz");

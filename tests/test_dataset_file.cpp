@@ -598,6 +598,43 @@ TEST_F(DatasetFileTest, LoaderRejectsBadArguments) {
   EXPECT_THROW(BatchLoader(file, Split::kTrain, {0, 1}, 2, 0), Error);
 }
 
+// HDF5 writes an attribute of 2^61 + 3 variable-length strings (16 x that many bytes wraps to 48
+// in its own size check); the reader must not try to allocate them.
+TEST_F(DatasetFileTest, OpenRejectsAttributesLargerThanTheFile) {
+  const std::string huge = foreign("huge_names.h5", [](hid_t f) {
+    ASSERT_GE(H5Adelete(f, "class_names"), 0);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    const hsize_t count = (hsize_t{1} << 61) + 3;
+    const hid_t space = H5Screate_simple(1, &count, nullptr);
+    const hid_t attribute = H5Acreate2(f, "class_names", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    EXPECT_GE(attribute, 0);
+    H5Aclose(attribute);
+    H5Sclose(space);
+    H5Tclose(type);
+  });
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    expect_data_error([&] { DatasetFile::open(huge, access, MPI_COMM_WORLD); },
+                      {"huge_names.h5: attribute 'class_names' claims 2305843009213693955 values",
+                       "more than the file holds"});
+  }
+}
+
+// Labels that the file declares but does not hold read as zeros: a 20 kB file that declared 2^27
+// samples made open allocate 1 GiB for them. Here 37 unwritten labels, the same case made small.
+TEST_F(DatasetFileTest, OpenRejectsLabelsTheFileDoesNotHold) {
+  const std::string unwritten = foreign("unwritten_labels.h5", [](hid_t f) {
+    replace_dataset(f, "/train/labels", H5T_STD_I64LE, {kTrain});
+  });
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    expect_data_error([&] { DatasetFile::open(unwritten, access, MPI_COMM_WORLD); },
+                      {"unwritten_labels.h5: /train/labels declares 37 labels",
+                       "the file does not hold them all"});
+  }
+}
+
 TEST(FileAccessChoice, PreferredAccess) {
   EXPECT_EQ(preferred_file_access(false), FileAccess::kSerial);
 #if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)

@@ -646,6 +646,19 @@ TEST_F(DeepSpeedConfigTest, FileErrors) {
   message = error("[1, 2]");
   EXPECT_TRUE(contains(message, "the top level must be a JSON object")) << message;
 
+  // A number beyond a double's range: nlohmann throws out_of_range, not parse_error.
+  message = error(R"({"train_batch_size": 1e400})");
+  EXPECT_TRUE(contains(message, "ds_config.json: not valid JSON")) << message;
+  EXPECT_TRUE(contains(message, "number overflow parsing '1e400'")) << message;
+  // 100,000 nested arrays (a 200 kB file) overflowed the stack while the message quoted them.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  message = error(R"({"train_batch_size": 8, "optimizer": )" + deep + "}");
+  EXPECT_TRUE(contains(message, "ds_config.json: arrays and objects nested more than 128 levels"))
+      << message.substr(0, 200);
+  const std::string nested_127 = std::string(126, '[') + std::string(126, ']');
+  message = error(R"({"train_batch_size": 8, "optimizer": )" + nested_127 + "}");
+  EXPECT_TRUE(contains(message, "'optimizer' must be an object {...}, not array")) << message;
+
   TrainConfig config;
   DeepSpeedImport missing;
   missing.path = (dir_ / "missing.json").string();

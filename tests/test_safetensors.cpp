@@ -367,6 +367,17 @@ TEST_F(SafetensorsTest, CorruptFilesAreDataErrors) {
                                     R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                                     8),
                       {file, "\"a\" twice"});
+  // A number beyond a double's range: nlohmann throws out_of_range, not parse_error.
+  expect_header_error(handmade_file(R"({"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})",
+                                    4),
+                      {file, "not valid JSON", "number overflow parsing '1e400'"});
+  // 100,000 nested arrays overflowed the stack while the message quoted them.
+  expect_header_error(
+      handmade_file(R"({"a":)" + std::string(100000, '[') + std::string(100000, ']') + "}", 0),
+      {file, "more than 128 levels deep"});
+  expect_header_error(
+      handmade_file(R"({"a":)" + std::string(126, '[') + std::string(126, ']') + "}", 0),
+      {file, "\"a\"", "expected an object"});
 
   // An entry.
   expect_header_error(handmade_file(R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", 8),

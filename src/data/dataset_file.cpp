@@ -161,6 +161,15 @@ class AttributeReader {
     a.type = h5::Type(H5_CHECK(H5Aget_type(a.attribute.get())));
     h5::Dataspace space(H5_CHECK(H5Aget_space(a.attribute.get())));
     a.points = H5_CHECK(H5Sget_simple_extent_npoints(space.get()));
+    // An attribute's values are stored in the file, but HDF5's own size check can wrap: it wrote
+    // class_names of 2^61 + 3 strings, which the readers below tried to allocate (found by
+    // fuzz/fuzz_dataset_file.cpp). Checked before anything is allocated for the values.
+    std::error_code error;
+    const uintmax_t file_bytes = fs::file_size(path_, error);
+    const size_t value_bytes = std::max<size_t>(1, H5Tget_size(a.type.get()));
+    if (error || static_cast<uintmax_t>(a.points) > file_bytes / value_bytes)
+      throw DataError(where(name) + " claims " + std::to_string(a.points) + " values of " +
+                      std::to_string(value_bytes) + " bytes, more than the file holds");
     return a;
   }
 
@@ -265,6 +274,15 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
                     memory_text(static_cast<double>(label_bytes)) +
                     ") needs more than this node's memory (" +
                     memory_text(static_cast<double>(memory_bytes)) + ")");
+  // A labels dataset that the file does not hold (never written: HDF5 reads it as zeros) would
+  // make a file of a few kB allocate up to the node's memory: 2^27 declared samples took 1 GiB
+  // (fuzz/fuzz_dataset_file.cpp reports it). Stored labels bound what is allocated by the file.
+  H5D_space_status_t label_storage = H5D_SPACE_STATUS_ERROR;
+  H5_CHECK(H5Dget_space_status(labels.get(), &label_storage));
+  if (d.size > 0 && label_storage != H5D_SPACE_STATUS_ALLOCATED)
+    throw DataError(labels_name + " declares " + std::to_string(d.size) +
+                    " labels but the file does not hold them all (never written, or an "
+                    "incomplete file)");
   d.labels.resize(static_cast<size_t>(d.size));
   if (d.size > 0)
     H5_CHECK(H5Dread(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,

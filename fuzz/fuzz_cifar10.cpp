@@ -1,7 +1,7 @@
 // The CIFAR-10 binary reader of the converter: data_batch_1..5.bin and test_batch.bin in one
 // input, Note [Several files in one input].
-#include <filesystem>
-#include <iterator>
+#include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "hpc_train/converters.h"
@@ -10,8 +10,9 @@ using namespace hpc_train;
 
 namespace {
 
-const char* const kFiles[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
-                              "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"};
+const std::vector<std::string> kFiles = {
+    "data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+    "data_batch_5.bin", "test_batch.bin"};
 
 // What write_dataset_file relies on: whole 3x32x32 samples, one label each, inside the classes.
 void check_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
@@ -25,12 +26,7 @@ void check_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string directory = fuzz::scratch_path("cifar10");
-  std::filesystem::remove_all(directory);
-  std::filesystem::create_directory(directory);
-  const auto files = fuzz::split_files(data, size, std::size(kFiles));
-  for (size_t i = 0; i < files.size(); ++i)
-    if (files[i]) fuzz::write_file(directory + "/" + kFiles[i], *files[i]);
+  const std::string directory = fuzz::write_input_files("cifar10", data, size, kFiles);
 
   fuzz::parse_or_reject([&] {
     const DatasetContents contents =

@@ -1,7 +1,7 @@
 // The IDX reader of the MNIST / Fashion-MNIST converter: four files (train and t10k images and
 // labels, raw or gzip) in one input, Note [Several files in one input].
-#include <filesystem>
-#include <iterator>
+#include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "hpc_train/converters.h"
@@ -10,8 +10,9 @@ using namespace hpc_train;
 
 namespace {
 
-const char* const kFiles[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+const std::vector<std::string> kFiles = {
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte"};
 
 // What write_dataset_file relies on: whole samples, one label each, labels inside the classes.
 void check_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
@@ -30,12 +31,7 @@ void check_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string directory = fuzz::scratch_path("idx");
-  std::filesystem::remove_all(directory);
-  std::filesystem::create_directory(directory);
-  const auto files = fuzz::split_files(data, size, std::size(kFiles));
-  for (size_t i = 0; i < files.size(); ++i)
-    if (files[i]) fuzz::write_file(directory + "/" + kFiles[i], *files[i]);
+  const std::string directory = fuzz::write_input_files("idx", data, size, kFiles);
 
   fuzz::parse_or_reject([&] {
     const DatasetContents contents =

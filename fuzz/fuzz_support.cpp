@@ -48,17 +48,19 @@ void write_file(const std::string& path, std::string_view bytes) {
   }
 }
 
-std::vector<std::optional<std::string_view>> split_files(const uint8_t* data, size_t size,
-                                                         size_t count) {
-  std::vector<std::optional<std::string_view>> files(count);
+std::string write_input_files(const std::string& directory_name, const uint8_t* data, size_t size,
+                              const std::vector<std::string>& names) {
+  const std::string directory = scratch_path(directory_name);
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directory(directory);
   std::string_view rest(reinterpret_cast<const char*>(data), size);
-  for (size_t i = 0; i < count; ++i) {
+  for (const std::string& name : names) {
     const size_t separator = rest.find(kFileSeparator);
-    files[i] = rest.substr(0, separator);
-    if (separator == std::string_view::npos) break;
+    write_file(directory + "/" + name, rest.substr(0, separator));
+    if (separator == std::string_view::npos) break;  // the rest of the files do not exist
     rest.remove_prefix(separator + kFileSeparator.size());
   }
-  return files;
+  return directory;
 }
 
 void report_rejection(const Error& error) {

@@ -36,8 +36,10 @@ void write_file(const std::string& path, std::string_view bytes);
 // the files, in order; a part that the input does not reach is a file that does not exist. The
 // seed corpora hold such inputs (make_seeds.cpp).
 inline constexpr std::string_view kFileSeparator = "#FILE#";
-std::vector<std::optional<std::string_view>> split_files(const uint8_t* data, size_t size,
-                                                         size_t count);
+// Writes the input's files under `names` into a fresh scratch directory `directory_name`, and
+// returns the directory.
+std::string write_input_files(const std::string& directory_name, const uint8_t* data, size_t size,
+                              const std::vector<std::string>& names);
 
 void report_rejection(const Error& error);  // parse_or_reject's
 

@@ -1,24 +1,19 @@
 #include "hpc_train/trainer.h"
 
 #include <torch/cuda.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
-#include <map>
 #include <optional>
 
 #include "hpc_train/batch_loader.h"
 #include "hpc_train/checkpoint.h"
 #include "hpc_train/checkpoint_files.h"
+#include "hpc_train/comm.h"
 #include "hpc_train/device_input.h"
 #include "hpc_train/epoch_batches.h"
-#include "hpc_train/comm.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/flat_parameters.h"
@@ -31,8 +26,8 @@
 #include "hpc_train/run_report.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/step_graph.h"
-#include "hpc_train/training_state.h"
 #include "hpc_train/stop_signal.h"
+#include "hpc_train/training_state.h"
 #include "hpc_train/zero_optimizer.h"
 
 namespace hpc_train {

@@ -2,18 +2,27 @@
 # CIFAR-10 converters, dataset file, checkpoint, safetensors header, DeepSpeed JSON, INI config),
 # built by clang with AddressSanitizer and UndefinedBehaviorSanitizer as a project of its own.
 # fuzz_build configures and builds it into build/fuzz (a fixture, so `ctest -L fuzz` or `-R
-# fuzz_idx` builds first); then each target runs as its own test for HPC_TRAIN_FUZZ_SECONDS over
+# fuzz_idx` builds first); then each target runs as its own test, a fixed count of inputs, over
 # its committed seed corpus (fuzz/corpus/<target>/, read only; new inputs go to
 # build/fuzz/work/<target>/corpus). A crash, a sanitizer report, a leak, an allocation over
 # 128 MiB, an input that takes over 25 s or an exception other than hpc_train::Error
 # (fuzz/fuzz_support.h, Note [What a finding is]) fails the test; libFuzzer saves the input as
 # build/fuzz/work/<target>/crash-* (or leak-*, oom-*, timeout-*). To rerun one input or fuzz longer
 # by hand, see the README's paragraph on fuzzing.
-set(HPC_TRAIN_FUZZ_SECONDS 60 CACHE STRING "How long each fuzz target runs under CTest, seconds")
-# A fixed seed: the same mutations from the same corpus every run, so that a CI failure repeats on
-# any machine and a green run is not a lucky draw (a random one once found, at 38 s, a crash inside
-# HDF5's own writer). Fuzz longer, or with other seeds, by hand (README).
+# A fixed seed and a fixed number of executions per target: the same inputs every run, so that a
+# CI failure repeats on any machine and a green run is not a lucky draw (a time limit with a fixed
+# seed still ran a different count of inputs on a faster machine, and CI found there what the
+# slower one had not reached). Each count is about a minute on 2 cores; HPC_TRAIN_FUZZ_SECONDS
+# only caps a slow machine. Fuzz longer, or with other seeds, by hand (README).
 set(HPC_TRAIN_FUZZ_SEED 1 CACHE STRING "libFuzzer -seed of the fuzz tests")
+set(HPC_TRAIN_FUZZ_SECONDS 150 CACHE STRING "At most this long each fuzz target runs, seconds")
+set(HPC_TRAIN_FUZZ_RUNS_idx 250000)
+set(HPC_TRAIN_FUZZ_RUNS_cifar10 150000)
+set(HPC_TRAIN_FUZZ_RUNS_dataset_file 90000)
+set(HPC_TRAIN_FUZZ_RUNS_checkpoint 90000)
+set(HPC_TRAIN_FUZZ_RUNS_safetensors 200000)
+set(HPC_TRAIN_FUZZ_RUNS_deepspeed_config 150000)
+set(HPC_TRAIN_FUZZ_RUNS_config_ini 60000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
     config_ini)
 
@@ -45,7 +54,8 @@ set_tests_properties(fuzz_build PROPERTIES TIMEOUT 600 LABELS fuzz FIXTURES_SETU
 foreach(target IN LISTS HPC_TRAIN_FUZZ_TARGETS)
   set(work ${fuzz_binary_dir}/work/${target})
   add_test(NAME fuzz_${target} COMMAND ${fuzz_binary_dir}/fuzz_${target}
-    -seed=${HPC_TRAIN_FUZZ_SEED} -max_total_time=${HPC_TRAIN_FUZZ_SECONDS} -timeout=25 -rss_limit_mb=2048
+    -seed=${HPC_TRAIN_FUZZ_SEED} -runs=${HPC_TRAIN_FUZZ_RUNS_${target}}
+    -max_total_time=${HPC_TRAIN_FUZZ_SECONDS} -timeout=25 -rss_limit_mb=2048
     -malloc_limit_mb=128 -print_final_stats=1 -artifact_prefix=${work}/
     ${work}/corpus ${PROJECT_SOURCE_DIR}/fuzz/corpus/${target})
   math(EXPR timeout "${HPC_TRAIN_FUZZ_SECONDS} + 90")

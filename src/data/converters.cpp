@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -154,6 +155,12 @@ void read_idx_split(const std::string& dir, const std::string& prefix, DatasetIn
   if (image_array.dims[1] == 0 || image_array.dims[2] == 0)
     throw DataError(image_array.path + ": images of " + std::to_string(image_array.dims[1]) + "x" +
                     std::to_string(image_array.dims[2]) + " pixels; both must be at least 1");
+  // A split of no images has no data bytes to bound its header's H x W, which would then
+  // overflow the 64-bit byte counts downstream (C x H x W); no real image is 2 GiB.
+  if (static_cast<uint64_t>(image_array.dims[1]) * static_cast<uint64_t>(image_array.dims[2]) >
+      static_cast<uint64_t>(INT32_MAX))
+    throw DataError(image_array.path + ": images of " + std::to_string(image_array.dims[1]) + "x" +
+                    std::to_string(image_array.dims[2]) + " pixels (over 2^31 bytes each)");
   if (info.height == 0) {  // the train split sets the shape; the test split must agree
     info.height = image_array.dims[1];
     info.width = image_array.dims[2];

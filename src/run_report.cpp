@@ -1,6 +1,7 @@
 #include "hpc_train/run_report.h"
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 
 #include "hpc_train/stop_signal.h"
@@ -96,6 +97,80 @@ void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t st
               static_cast<long long>(step_in_epoch + 1), static_cast<long long>(steps_per_epoch),
               loss);
   std::fflush(stdout);
+}
+
+RunReporter::RunReporter(const TrainerOutput& output, int rank)
+    : printing_(output.print && rank == 0), progress_bar_(output.progress_bar) {
+  if (rank == 0 && !output.run_dir.empty()) metrics_ = JsonlWriter(output.run_dir + "/metrics.jsonl");
+}
+
+void RunReporter::say(const char* format, ...) {
+  if (!printing_) return;
+  va_list arguments;
+  va_start(arguments, format);
+  std::vprintf(format, arguments);
+  va_end(arguments);
+  std::fflush(stdout);
+}
+
+void RunReporter::run_start(const RunStart& s) {
+  say("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s) (rank 0: %s): %lld samples, "
+      "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n"
+      "Per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB; "
+      "%zu gradient buckets\n",
+      s.model.c_str(), static_cast<long long>(s.parameters), s.precision.c_str(), s.zero_stage,
+      s.world_size, s.placement.c_str(), static_cast<long long>(s.train_samples),
+      static_cast<long long>(s.steps_per_epoch),
+      static_cast<long long>(int64_t{s.micro_batch} * s.grad_accum * s.world_size), s.micro_batch,
+      s.grad_accum, s.world_size, s.memory.parameters / 1e6, s.memory.gradients / 1e6,
+      s.memory.optimizer_state / 1e6, s.buckets);
+}
+
+void RunReporter::interval(const IntervalReport& report) {
+  report_interval(report, metrics_, printing_ && !progress_bar_);
+}
+
+void RunReporter::progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                           double loss) {
+  if (printing_ && progress_bar_)
+    print_progress_bar(epoch, epochs, step_in_epoch, steps_per_epoch, loss);
+}
+
+void RunReporter::end_progress() {
+  if (printing_ && progress_bar_) std::printf("\n");
+}
+
+void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
+                             const std::string& path, double write_s) {
+  metrics_.write({{"kind", "checkpoint"},
+                  {"step", position.global_step},
+                  {"epoch", position.epoch + 1},
+                  {"why", why},
+                  {"path", path},
+                  {"write_s", write_s}});
+  // A bar being drawn is ended first.
+  say("%sCheckpoint (%s) after step %lld: %s in %.2f s\n", progress_bar_ ? "\n" : "", why,
+      static_cast<long long>(position.global_step), path.c_str(), write_s);
+}
+
+void RunReporter::epoch(const EpochReport& r) {
+  metrics_.write({{"kind", "epoch"},
+                  {"epoch", r.epoch + 1},
+                  {"complete", r.complete},
+                  {"steps", r.global_step},
+                  {"train_loss", r.train_loss},
+                  {"test_loss", r.test.loss},
+                  {"test_accuracy", r.test.accuracy},
+                  {"epoch_train_s", r.train_s},
+                  {"epoch_s", r.wall_s},
+                  {"loader_wait_s", r.loader_wait_s},
+                  {"skipped_steps", r.skipped_steps},
+                  {"loss_scale", r.loss_scale}});
+  say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
+      "(%lld/%lld)\n",
+      r.epoch + 1, r.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s, r.train_loss,
+      r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
+      static_cast<long long>(r.test.samples));
 }
 
 }  // namespace hpc_train

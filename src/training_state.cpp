@@ -8,6 +8,11 @@
 #include <map>
 #include <utility>
 
+#include "hpc_train/checkpoint_files.h"
+#include "hpc_train/metrics.h"
+#include "hpc_train/run_options.h"
+#include "hpc_train/runtime.h"
+
 namespace hpc_train {
 namespace {
 
@@ -106,6 +111,97 @@ std::string describe_loss_scaling(const std::string& precision, bool scaled, boo
   else if (dynamic) std::snprintf(text, sizeof text, "%s, dynamic, scale %g", precision.c_str(), scale);
   else std::snprintf(text, sizeof text, "%s, fixed scale %g", precision.c_str(), scale);
   return text;
+}
+
+void broadcast_buffers(torch::nn::Module& model, Communicator& comm) {
+  for (auto& buffer : model.buffers()) {
+    at::Tensor contiguous = buffer.contiguous();
+    comm.broadcast(contiguous, 0).wait();
+    if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
+  }
+}
+
+RunCheckpoints::RunCheckpoints(const TrainConfig& config, const DatasetInfo& input,
+                               Communicator& comm, torch::nn::Module& model, int64_t flat_numel,
+                               const torch::Device& device, ZeroOptimizer& optimizer,
+                               RunReporter& reporter)
+    : config_(config), input_(input), comm_(comm), model_(model), flat_numel_(flat_numel),
+      device_(device), optimizer_(optimizer), reporter_(reporter),
+      loss_scaling_(loss_scaling(config)) {}
+
+std::string RunCheckpoints::to_resume() {
+  if (config_.resume != "auto") return config_.resume;
+  std::string found;
+  if (comm_.rank() == 0) {
+    std::vector<std::string> warnings;
+    found = find_latest_checkpoint(config_.run_dir, &warnings).value_or("");
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    if (found.empty())
+      reporter_.say("--resume auto: no checkpoint in %s yet, starting fresh\n",
+                    checkpoint_directory(config_.run_dir).c_str());
+  }
+  return broadcast_string(comm_.mpi_comm(), found, 0);
+}
+
+Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
+  Checkpoint c = model_checkpoint(config_.model, input_, model_, position.global_step);
+  add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
+  c.precision = config_.precision;
+  c.zero_stage = config_.zero_stage;
+  c.world_size = comm_.size();
+  c.config_ini = to_ini(config_);
+  c.position = position;
+  c.has_loss_scaler = loss_scaling_.has_value();
+  c.loss_scaler_dynamic = loss_scaling_ && loss_scaling_->fixed_scale <= 0;
+  c.loss_scaler = optimizer_.report().scaler;
+  return c;
+}
+
+std::string RunCheckpoints::save(const TrainingPosition& position, const char* why) {
+  if (config_.run_dir.empty()) return "";
+  Stopwatch wall;
+  broadcast_buffers(model_, comm_);
+  const std::string path = checkpoint_path(config_.run_dir, position.global_step);
+  write_checkpoint(comm_.mpi_comm(), path, make_checkpoint(position));
+  if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
+  reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3);
+  return path;
+}
+
+TrainingPosition RunCheckpoints::resume(const std::string& path) {
+  const Checkpoint c = read_checkpoint(path);
+  optimizer_.load_full_state(restore_model_and_rng(c, path, config_.model, input_, model_,
+                                                   flat_numel_, device_));
+  // Note [Scaler on resume] (checkpoint.h).
+  const bool continue_scaler = continues_loss_scaler(c, loss_scaling_);
+  const LossScalerState scaler_state =
+      continue_scaler ? c.loss_scaler
+                      : (loss_scaling_ ? LossScaler(*loss_scaling_).state() : LossScalerState{});
+  optimizer_.resume(c.position.global_step, c.optimizer_steps, scaler_state);
+  if (!continue_scaler && (c.has_loss_scaler || loss_scaling_))
+    reporter_.say("Loss scaling: the checkpoint's (%s) does not carry over to this run's (%s); "
+                  "starting at scale %g\n",
+                  describe_loss_scaling(c.precision, c.has_loss_scaler, c.loss_scaler_dynamic,
+                                        c.loss_scaler.scale)
+                      .c_str(),
+                  describe_loss_scaling(config_.precision, loss_scaling_.has_value(),
+                                        loss_scaling_ && loss_scaling_->fixed_scale <= 0,
+                                        scaler_state.scale)
+                      .c_str(),
+                  scaler_state.scale);
+  TrainingPosition start = c.position;
+  // A version 1 checkpoint did not record the position in samples; it continued at its
+  // micro-steps times this run's micro-batch and world size, which is right when they are the
+  // saving run's (or keep its global batch).
+  if (start.samples_in_epoch < 0)
+    start.samples_in_epoch = start.micro_steps_in_epoch * config_.micro_batch * comm_.size();
+  reporter_.say("Resumed from %s: step %lld, epoch %lld, %lld samples into it (saved by %d "
+                "rank(s), continuing on %d)\n",
+                path.c_str(), static_cast<long long>(c.position.global_step),
+                static_cast<long long>(c.position.epoch + 1),
+                static_cast<long long>(start.samples_in_epoch), c.world_size, comm_.size());
+  return start;
 }
 
 }  // namespace hpc_train

@@ -52,6 +52,12 @@ AugmentOptions default_augmentation(const DatasetInfo& info, const std::string& 
 // Bytes that keep_split_resident() puts on the device for `split`: images and int64 labels.
 int64_t resident_split_bytes(const DatasetInfo& info, Split split);
 
+// The model's input layout: NHWC when `channels_last` (cuDNN's layout on tensor cores, the
+// GPU's default: --channels-last), else the batch's NCHW as it is.
+inline at::Tensor in_model_layout(const at::Tensor& input, bool channels_last) {
+  return channels_last ? input.contiguous(at::MemoryFormat::ChannelsLast) : input;
+}
+
 // A batch on the device, ready for the model.
 struct DeviceBatch {
   at::Tensor input;   // [size, C, H, W], model dtype, normalised (and augmented)

@@ -1,6 +1,7 @@
-// What a run reports: the per-interval record and log line (rank 0), the progress bar, and the
-// run's summary (TrainSummary, summary.json). The trainer measures and agrees on the figures
-// (collectives); this unit only shapes and writes them.
+// What a run reports: the per-interval record and log line, the epoch's, a checkpoint's, the
+// progress bar, and the run's summary (TrainSummary, summary.json). The trainer measures and
+// agrees on the figures (collectives); this unit only shapes and writes them, on rank 0
+// (RunReporter).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "hpc_train/checkpoint.h"
 #include "hpc_train/gpu_monitor.h"
 #include "hpc_train/metrics.h"
 
@@ -143,6 +145,72 @@ struct IntervalReport {
   std::optional<GpuSpread> gpu;  // GPU runs
 };
 
+// Where a run's reports go.
+struct TrainerOutput {
+  std::string run_dir;      // rank 0 appends metrics.jsonl here; empty = no files
+  bool print = true;        // rank 0 prints progress and epoch lines
+  bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
+};
+
+// What the run's first line says.
+struct RunStart {
+  std::string model;
+  int64_t parameters = 0;
+  std::string precision;
+  int zero_stage = 0;
+  int world_size = 1;
+  std::string placement;  // rank 0's
+  int64_t train_samples = 0;
+  int64_t steps_per_epoch = 0;
+  int micro_batch = 0;
+  int grad_accum = 1;
+  MemoryBytes memory;
+  size_t buckets = 0;
+};
+
+// One epoch's end, agreed by all ranks.
+struct EpochReport {
+  int epoch = 0;  // 0-based
+  int epochs = 0;
+  bool complete = true;  // false: stopped by --max-steps
+  int64_t global_step = 0;
+  double train_loss = 0.0;
+  EvalResult test;
+  double train_s = 0.0;  // the epoch's training loop
+  double wall_s = 0.0;   // with evaluation
+  double loader_wait_s = 0.0;
+  int64_t skipped_steps = 0;
+  double loss_scale = 1.0;
+};
+
+// Rank 0's voice: metrics.jsonl records and stdout (log lines, or the progress bar when
+// output.progress_bar). On other ranks, and with printing off, the calls write nothing.
+class RunReporter {
+ public:
+  RunReporter(const TrainerOutput& output, int rank);
+
+  bool printing() const { return printing_; }
+  // A line of its own (e.g. "Resumed from ..."), when printing; printf's format.
+  void say(const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+  void run_start(const RunStart& start);
+  // The interval's record, and its log line unless the progress bar is shown.
+  void interval(const IntervalReport& report);
+  // The bar at `step_in_epoch` (0-based), when shown.
+  void progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                double loss);
+  // Ends the bar's line (an epoch's loop is over), when shown.
+  void end_progress();
+  void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
+                  double write_s);
+  void epoch(const EpochReport& report);
+
+ private:
+  bool printing_ = false;
+  bool progress_bar_ = false;
+  JsonlWriter metrics_;
+};
+
 // The interval's record in `metrics` (a closed writer writes nothing), and its log line on
 // stdout when `print`.
 void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool print);
@@ -150,5 +218,37 @@ void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool pr
 // "\rEpoch [e/E] [#####.....] s/S Loss: x", redrawn in place (a terminal).
 void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
                         double loss);
+
+// Training throughput of this rank over the run's steady state: from the end of the first step
+// (set-up and first-use costs), or of the step that captured the CUDA graph, to the end.
+class ThroughputClock {
+ public:
+  // Times the steps after `global_step`, from now.
+  explicit ThroughputClock(int64_t global_step) : timed_after_step_(global_step) {}
+  // Step `global_step` ended now, having trained `samples` samples on this rank.
+  void step_ended(int64_t global_step, int64_t samples) {
+    if (global_step > timed_after_step_) {
+      ++steps_;
+      samples_ += samples;
+      ms_ += step_wall_.elapsed_ms();
+    }
+    step_wall_.restart();
+  }
+  // The step loop of an epoch starts (evaluation and checkpoints between epochs are not steps).
+  void epoch_started() { step_wall_.restart(); }
+  // Forgets what was timed: only the steps after `global_step` count.
+  void restart_after(int64_t global_step) { *this = ThroughputClock(global_step); }
+
+  int64_t steps() const { return steps_; }
+  int64_t samples() const { return samples_; }
+  double ms() const { return ms_; }
+
+ private:
+  int64_t timed_after_step_;
+  int64_t steps_ = 0;
+  int64_t samples_ = 0;
+  double ms_ = 0.0;
+  Stopwatch step_wall_;
+};
 
 }  // namespace hpc_train

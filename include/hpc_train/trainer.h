@@ -23,12 +23,6 @@
 
 namespace hpc_train {
 
-struct TrainerOutput {
-  std::string run_dir;      // rank 0 appends metrics.jsonl here; empty = no files
-  bool print = true;        // rank 0 prints progress and epoch lines
-  bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
-};
-
 // Sets LibTorch's intra-op threads of this process (compute_threads_per_rank in runtime.h).
 void set_compute_threads(int threads);
 
@@ -37,7 +31,7 @@ class Trainer {
   // Builds the model (ConfigError for an unknown name), moves it into flat storage and
   // broadcasts rank 0's parameters. Collective over `comm`.
   Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
-          TrainerOutput output, Placement placement = Placement{});
+          const TrainerOutput& output, Placement placement = Placement{});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

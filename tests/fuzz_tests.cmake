@@ -15,7 +15,7 @@
 # slower one had not reached). Each count is about a minute on 2 cores; HPC_TRAIN_FUZZ_SECONDS
 # only caps a slow machine. Fuzz longer, or with other seeds, by hand (README).
 set(HPC_TRAIN_FUZZ_SEED 1 CACHE STRING "libFuzzer -seed of the fuzz tests")
-set(HPC_TRAIN_FUZZ_SECONDS 150 CACHE STRING "At most this long each fuzz target runs, seconds")
+set(HPC_TRAIN_FUZZ_SECONDS 300 CACHE STRING "At most this long each fuzz target runs, seconds")
 set(HPC_TRAIN_FUZZ_RUNS_idx 250000)
 set(HPC_TRAIN_FUZZ_RUNS_cifar10 150000)
 set(HPC_TRAIN_FUZZ_RUNS_dataset_file 90000)

@@ -15,7 +15,7 @@ Evaluator::Evaluator(const DatasetFile& dataset, Split split, c10::Device device
       seed_(seed), prefetch_batches_(prefetch_batches), comm_(comm),
       input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), kBatchSamples) {}
 
-EvalResult Evaluator::evaluate(Model& model) {
+EvalResult Evaluator::evaluate(TrainableModel& model) {
   broadcast_buffers(model, comm_);
   torch::NoGradGuard no_grad;
   model.eval();

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "hpc_train/error.h"
+#include "hpc_train/scripted_model.h"
 
 namespace hpc_train {
 
@@ -190,6 +191,62 @@ double forward_flops_per_sample(const std::string& name, const ModelShape& shape
 
 double training_flops_per_sample(const std::string& name, const ModelShape& shape) {
   return kTrainingFlopsPerForwardFlop * forward_flops_per_sample(name, shape);
+}
+
+namespace {
+
+// A registry network as a TrainableModel (Note [Two kinds of model]): nn::Module's own tree.
+class BuiltinModel final : public TrainableModel {
+ public:
+  BuiltinModel(std::string name, std::shared_ptr<Model> network, double forward_flops)
+      : name_(std::move(name)), network_(std::move(network)), forward_flops_(forward_flops) {}
+
+  torch::Tensor forward(const torch::Tensor& images) override { return network_->forward(images); }
+
+  std::vector<NamedTensor> named_parameters() const override {
+    std::vector<NamedTensor> tensors;
+    for (const auto& item : network_->named_parameters()) tensors.push_back({item.key(), item.value()});
+    return tensors;
+  }
+
+  std::vector<NamedTensor> named_buffers() const override {
+    std::vector<NamedTensor> tensors;
+    for (const auto& item : network_->named_buffers()) tensors.push_back({item.key(), item.value()});
+    return tensors;
+  }
+
+  void train(bool on) override { network_->train(on); }
+
+  // nn::Module::to casts every buffer, num_batches_tracked included (LibTorch's behaviour,
+  // kept as it was: checkpoints of 16-bit runs store that count as F32).
+  void to(const torch::Device& device, torch::Dtype dtype) override { network_->to(device, dtype); }
+
+  const std::string& identity() const override { return name_; }
+
+  std::optional<double> forward_flops_per_sample() const override { return forward_flops_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<Model> network_;
+  double forward_flops_;
+};
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+bool names_torchscript_file(const std::string& model) {
+  return ends_with(model, ".pt") || ends_with(model, ".pth") ||
+         model.find('/') != std::string::npos;
+}
+
+std::unique_ptr<TrainableModel> load_model(const std::string& model, const ModelShape& shape) {
+  if (names_torchscript_file(model)) return load_scripted_model(model, shape);
+  return std::make_unique<BuiltinModel>(model, make_model(model, shape),
+                                        forward_flops_per_sample(model, shape));
 }
 
 }  // namespace hpc_train

@@ -62,7 +62,7 @@ struct Trainer::Impl {
   // capturing blocking stream"; PyTorch asks DDP to be built on the side stream for the same
   // reason). Declared before the model, so that it is torn down last.
   TrainingStreamScope training_stream;
-  std::shared_ptr<Model> model;
+  std::unique_ptr<TrainableModel> model;
   FlatParameters flat;
   std::optional<Reducer> reducer;
   std::optional<ZeroOptimizer> optimizer;
@@ -97,14 +97,14 @@ struct Trainer::Impl {
     comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
     torch::manual_seed(config.seed);
-    model = make_model(config.model, {info.channels, info.height, info.width, info.num_classes});
+    model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
     model->to(device, dtype);
     check_model_runs_in_dtype(info);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
-      names.push_back(item.key());
-      parameters.push_back(item.value());
+      names.push_back(item.name);
+      parameters.push_back(item.tensor);
     }
     const ReducerOptions bucketing = reducer_options(config);
     BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
@@ -336,6 +336,9 @@ struct Trainer::Impl {
     reporter.run_start({config.model, flat.numel(), config.precision, config.zero_stage,
                         comm.size(), summary.placement, info.train_size, steps_per_epoch,
                         config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
+    if (placement.cuda && !model->forward_flops_per_sample())
+      reporter.say("MFU: unknown for %s (hpc_train counts the FLOPs of its built-in models "
+                   "only); summary.json reports mfu 0\n", config.model.c_str());
 
     int64_t global_step = start.global_step;  // optimizer steps taken or skipped
     int64_t micro_step = start.micro_step;    // over the whole run
@@ -461,8 +464,7 @@ struct Trainer::Impl {
       }
     }
     if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
-      write_weights_safetensors(config.export_weights,
-                                model_checkpoint(config.model, info, *model, global_step));
+      write_weights_safetensors(config.export_weights, model_checkpoint(info, *model, global_step));
       reporter.say("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;
@@ -484,10 +486,12 @@ struct Trainer::Impl {
       // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
       const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
                                            config.precision == "fp32" ? "tf32" : config.precision);
-      summary.training_flops_per_sample = training_flops_per_sample(
-          config.model, {info.channels, info.height, info.width, info.num_classes});
-      summary.mfu = model_flops_utilization(summary.training_flops_per_sample,
-                                            summary.samples_per_s, comm.size(), peak);
+      // A TorchScript module's FLOPs are not counted: its MFU stays 0, "unknown" (run() said so).
+      if (const std::optional<double> forward_flops = model->forward_flops_per_sample()) {
+        summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;
+        summary.mfu = model_flops_utilization(summary.training_flops_per_sample,
+                                              summary.samples_per_s, comm.size(), peak);
+      }
     }
     return summary;
   }

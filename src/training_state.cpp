@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "hpc_train/checkpoint_files.h"
+#include "hpc_train/error.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/run_options.h"
 #include "hpc_train/runtime.h"
@@ -23,7 +24,7 @@ std::vector<float> to_host_floats(const torch::Tensor& t) {
 
 }  // namespace
 
-std::vector<CheckpointTensor> model_state(const torch::nn::Module& model) {
+std::vector<CheckpointTensor> model_state(const TrainableModel& model) {
   std::vector<CheckpointTensor> state;
   auto add = [&](const std::string& name, const torch::Tensor& value) {
     const bool integral = !at::isFloatingType(value.scalar_type());
@@ -37,15 +38,15 @@ std::vector<CheckpointTensor> model_state(const torch::nn::Module& model) {
     tensor.data.assign(bytes, bytes + host.numel() * host.element_size());
     state.push_back(std::move(tensor));
   };
-  for (const auto& item : model.named_parameters()) add(item.key(), item.value());
-  for (const auto& item : model.named_buffers()) add(item.key(), item.value());
+  for (const auto& item : model.named_parameters()) add(item.name, item.tensor);
+  for (const auto& item : model.named_buffers()) add(item.name, item.tensor);
   return state;
 }
 
-Checkpoint model_checkpoint(const std::string& model_name, const DatasetInfo& input,
-                            const torch::nn::Module& model, int64_t global_step) {
+Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
+                            int64_t global_step) {
   Checkpoint c;
-  c.model = model_name;
+  c.model = model.identity();
   c.channels = input.channels;
   c.height = input.height;
   c.width = input.width;
@@ -65,18 +66,17 @@ void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state)
 }
 
 FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string& path,
-                                         const std::string& model_name, const DatasetInfo& input,
-                                         torch::nn::Module& model, int64_t flat_numel,
-                                         const torch::Device& device) {
+                                         const DatasetInfo& input, TrainableModel& model,
+                                         int64_t flat_numel, const torch::Device& device) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
   for (const auto& item : model.named_parameters())
-    expected.emplace_back(item.key(), item.value().sizes().vec());
+    expected.emplace_back(item.name, item.tensor.sizes().vec());
   std::map<std::string, torch::Tensor> buffers;
   for (const auto& item : model.named_buffers()) {
-    expected.emplace_back(item.key(), item.value().sizes().vec());
-    buffers[item.key()] = item.value();
+    expected.emplace_back(item.name, item.tensor.sizes().vec());
+    buffers[item.name] = item.tensor;
   }
-  check_checkpoint_fits(c, path, model_name, input.channels, input.height, input.width,
+  check_checkpoint_fits(c, path, model.identity(), input.channels, input.height, input.width,
                         input.num_classes, expected, flat_numel);
   torch::NoGradGuard no_grad;
   for (const CheckpointTensor& tensor : c.model_state) {
@@ -113,8 +113,9 @@ std::string describe_loss_scaling(const std::string& precision, bool scaled, boo
   return text;
 }
 
-void broadcast_buffers(torch::nn::Module& model, Communicator& comm) {
-  for (auto& buffer : model.buffers()) {
+void broadcast_buffers(TrainableModel& model, Communicator& comm) {
+  for (const auto& item : model.named_buffers()) {
+    const at::Tensor& buffer = item.tensor;
     at::Tensor contiguous = buffer.contiguous();
     comm.broadcast(contiguous, 0).wait();
     if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
@@ -122,7 +123,7 @@ void broadcast_buffers(torch::nn::Module& model, Communicator& comm) {
 }
 
 RunCheckpoints::RunCheckpoints(const TrainConfig& config, const DatasetInfo& input,
-                               Communicator& comm, torch::nn::Module& model, int64_t flat_numel,
+                               Communicator& comm, TrainableModel& model, int64_t flat_numel,
                                const torch::Device& device, ZeroOptimizer& optimizer,
                                RunReporter& reporter)
     : config_(config), input_(input), comm_(comm), model_(model), flat_numel_(flat_numel),
@@ -145,7 +146,7 @@ std::string RunCheckpoints::to_resume() {
 }
 
 Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
-  Checkpoint c = model_checkpoint(config_.model, input_, model_, position.global_step);
+  Checkpoint c = model_checkpoint(input_, model_, position.global_step);
   add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
   c.precision = config_.precision;
   c.zero_stage = config_.zero_stage;
@@ -171,8 +172,15 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
 
 TrainingPosition RunCheckpoints::resume(const std::string& path) {
   const Checkpoint c = read_checkpoint(path);
-  optimizer_.load_full_state(restore_model_and_rng(c, path, config_.model, input_, model_,
-                                                   flat_numel_, device_));
+  // check_checkpoint_fits compares identities; this says which file and what to do.
+  if (names_torchscript_file(config_.model) && c.model != model_.identity())
+    throw DataError(path + ": the checkpoint holds " + c.model + "; this run's --model " +
+                    config_.model + " is " + model_.identity() +
+                    ". hpc_train knows a TorchScript file by its content (a copy resumes, a file "
+                    "saved again does not): resume with the file the run started from, which "
+                    "the run directory's config.ini names");
+  optimizer_.load_full_state(
+      restore_model_and_rng(c, path, input_, model_, flat_numel_, device_));
   // Note [Scaler on resume] (checkpoint.h).
   const bool continue_scaler = continues_loss_scaler(c, loss_scaling_);
   const LossScalerState scaler_state =

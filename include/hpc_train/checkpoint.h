@@ -85,7 +85,7 @@ struct TrainingPosition {
 
 struct Checkpoint {
   int format_version = kCheckpointFormatVersion;
-  std::string model;                                             // registry name, e.g. "simple_cnn"
+  std::string model;  // TrainableModel::identity(): "simple_cnn", "TorchScript content 01ab..."
   int64_t channels = 0, height = 0, width = 0, num_classes = 0;  // the input it was built for
   std::string precision;                                         // fp32 | fp16 | bf16
   int zero_stage = 0;

@@ -28,7 +28,7 @@ class Evaluator {
 
   // Makes rank 0's buffers (BatchNorm statistics) every rank's, as DDP does, then evaluates
   // `model` in eval mode. Collective.
-  EvalResult evaluate(Model& model);
+  EvalResult evaluate(TrainableModel& model);
 
  private:
   const DatasetFile& dataset_;

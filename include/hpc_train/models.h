@@ -1,4 +1,5 @@
-// The model registry: networks chosen by name and sized from the dataset's shape.
+// Models: the registry of built-in networks, chosen by name and sized from the dataset's shape,
+// and the trainer's view of any model, built in or a TorchScript file (load_model).
 //
 //   simple_cnn  the origin's network: conv 3x3 C->32, ReLU, max-pool 2; conv 3x3 32->64, ReLU,
 //               max-pool 2; linear -> 512, ReLU; linear -> classes (convolutions padded by 1)
@@ -6,11 +7,27 @@
 //
 // Parameter names follow the PyTorch definitions in bench/reference/, so that weights can be
 // exchanged with PyTorch under the same names.
+//
+// Note [Two kinds of model]
+// The trainer sees every model through TrainableModel: forward, its parameters and buffers under
+// their state_dict names, train/eval, and a move to the run's device and dtype. Two kinds
+// implement it:
+//   - the registry's networks: subclasses of Model (a torch::nn::Module with forward(images)),
+//     written in C++; load_model wraps one (BuiltinModel in models.cpp);
+//   - a module saved from Python with TorchScript (scripted_model.h), over torch::jit::Module.
+// Model stays the registry's nn::Module base rather than becoming the interface itself: a
+// jit::Module keeps its parameters in a tree of its own that an nn::Module cannot hold, so a
+// scripted model would have been an nn::Module with an empty tree behind nn::Module's own
+// (non-virtual) parameters(); and the networks stay plain nn::Module code (register_module,
+// their own forward), unchanged by the second kind. Everything after load_model (flat
+// parameters, reducer hooks, optimizer, broadcasts, checkpoints, evaluation) holds only
+// TrainableModel and the tensors it hands out, so both kinds get the same treatment.
 #pragma once
 
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,11 +40,54 @@ struct ModelShape {
   int64_t num_classes = 0;
 };
 
+// A model as the trainer sees it (Note [Two kinds of model]).
+class TrainableModel {
+ public:
+  struct NamedTensor {
+    std::string name;  // the state_dict name, e.g. "layer1.0.bn1.running_mean"
+    torch::Tensor tensor;
+  };
+
+  virtual ~TrainableModel() = default;
+
+  // float images [B, C, H, W] (normalised, in the model's dtype) -> logits [B, num_classes]
+  virtual torch::Tensor forward(const torch::Tensor& images) = 0;
+  // The model's own tensors, not copies: set_data and copy_ on them change the model. Every
+  // parameter is trained (FlatParameters takes them); buffers are the state the model keeps
+  // besides (BatchNorm's running statistics and count). Parameters and then buffers, each in
+  // module order, are the model's state_dict as checkpoints and weight files hold it.
+  virtual std::vector<NamedTensor> named_parameters() const = 0;
+  virtual std::vector<NamedTensor> named_buffers() const = 0;
+  // Training mode (BatchNorm uses and updates batch statistics, dropout drops) or eval mode.
+  virtual void train(bool on = true) = 0;
+  void eval() { train(false); }
+  // Moves parameters and buffers to `device`, floating-point ones to `dtype`.
+  virtual void to(const torch::Device& device, torch::Dtype dtype) = 0;
+  // What checkpoints and weight files record as the model: the registry name, or for a
+  // TorchScript file "TorchScript content <16 hex digits>" (Note [TorchScript identity] in
+  // torchscript_file.h).
+  virtual const std::string& identity() const = 0;
+  // Floating-point operations of one sample's forward pass (see forward_flops_per_sample
+  // below); nullopt where hpc_train cannot count them (a TorchScript module).
+  virtual std::optional<double> forward_flops_per_sample() const = 0;
+};
+
+// The registry's networks (Note [Two kinds of model]).
 class Model : public torch::nn::Module {
  public:
   // float images [B, C, H, W] (normalised) -> logits [B, num_classes]
   virtual torch::Tensor forward(const torch::Tensor& images) = 0;
 };
+
+// --model names a TorchScript file rather than a registry entry when it ends in .pt or .pth or
+// holds a '/' (a path).
+bool names_torchscript_file(const std::string& model);
+
+// The model of --model for input of `shape`, on the CPU in fp32, in training mode: a registry
+// network (make_model below) or a TorchScript file (load_scripted_model in scripted_model.h).
+// Throws ConfigError for an unknown registry name, DataError for a TorchScript file that cannot
+// be used (each reason named).
+std::unique_ptr<TrainableModel> load_model(const std::string& model, const ModelShape& shape);
 
 std::vector<std::string> model_names();
 

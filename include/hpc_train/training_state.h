@@ -4,8 +4,6 @@
 // writing, pruning, resuming). The trainer decides when; this unit knows how.
 #pragma once
 
-#include <torch/nn/module.h>
-
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +14,7 @@
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/loss_scaler.h"
+#include "hpc_train/models.h"
 #include "hpc_train/run_report.h"
 #include "hpc_train/zero_optimizer.h"
 
@@ -23,24 +22,24 @@ namespace hpc_train {
 
 // The model's state_dict (parameters, then buffers) in fp32 on the host, as checkpoints and
 // weight exports hold it; integral buffers (num_batches_tracked) stay int64.
-std::vector<CheckpointTensor> model_state(const torch::nn::Module& model);
+std::vector<CheckpointTensor> model_state(const TrainableModel& model);
 
-// What a weights export needs (write_weights_safetensors): the model's name, its input and its
-// state_dict at `global_step`. Not collective.
-Checkpoint model_checkpoint(const std::string& model_name, const DatasetInfo& input,
-                            const torch::nn::Module& model, int64_t global_step);
+// What a weights export needs (write_weights_safetensors): the model's identity, its input and
+// its state_dict at `global_step`. Not collective.
+Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
+                            int64_t global_step);
 
 // Adds the optimizer state (gathered, logical layout) and the CPU generator's state.
 void add_optimizer_and_rng_state(Checkpoint& checkpoint, const FullOptimizerState& state);
 
 // For a resume from `checkpoint` (read from `path`): throws DataError naming the file when it
-// holds another model or input (check_checkpoint_fits), else copies its buffers into `model`
-// (the parameters follow the master weights, ZeroOptimizer::load_full_state) and restores the
-// CPU generator. Returns the optimizer state on `device`.
+// holds another model (another identity: another registry name, or TorchScript of other code)
+// or input (check_checkpoint_fits), else copies its buffers into `model` (the parameters follow
+// the master weights, ZeroOptimizer::load_full_state) and restores the CPU generator. Returns
+// the optimizer state on `device`.
 FullOptimizerState restore_model_and_rng(const Checkpoint& checkpoint, const std::string& path,
-                                         const std::string& model_name, const DatasetInfo& input,
-                                         torch::nn::Module& model, int64_t flat_numel,
-                                         const torch::Device& device);
+                                         const DatasetInfo& input, TrainableModel& model,
+                                         int64_t flat_numel, const torch::Device& device);
 
 // "fp16, dynamic, scale 1024", "fp16, fixed scale 128", "bf16, no scaling".
 std::string describe_loss_scaling(const std::string& precision, bool scaled, bool dynamic,
@@ -49,7 +48,7 @@ std::string describe_loss_scaling(const std::string& precision, bool scaled, boo
 // Batch-norm running statistics are updated by each rank from its own batches; like DDP's
 // broadcast_buffers, rank 0's are the model's. They matter in evaluation, exports and
 // checkpoints. Collective.
-void broadcast_buffers(torch::nn::Module& model, Communicator& comm);
+void broadcast_buffers(TrainableModel& model, Communicator& comm);
 
 // A run's checkpoints, in its run directory (checkpoint_files.h). Every rank holds one; the
 // calls are collective.
@@ -57,7 +56,7 @@ class RunCheckpoints {
  public:
   // Everything passed must outlive this object.
   RunCheckpoints(const TrainConfig& config, const DatasetInfo& input, Communicator& comm,
-                 torch::nn::Module& model, int64_t flat_numel, const torch::Device& device,
+                 TrainableModel& model, int64_t flat_numel, const torch::Device& device,
                  ZeroOptimizer& optimizer, RunReporter& reporter);
 
   // --resume: "" starts fresh (returns ""), "auto" takes the run directory's newest complete
@@ -83,7 +82,7 @@ class RunCheckpoints {
   const TrainConfig& config_;
   const DatasetInfo& input_;
   Communicator& comm_;
-  torch::nn::Module& model_;
+  TrainableModel& model_;
   int64_t flat_numel_;
   torch::Device device_;
   ZeroOptimizer& optimizer_;

@@ -74,7 +74,13 @@ const OptionSpec kOptions[] = {
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
-    {"model", "model", &TrainConfig::model, "name in the model registry, e.g. resnet18"},
+    {"model", "model", &TrainConfig::model,
+     "a registry name (simple_cnn, resnet18) or a TorchScript file: a path ending in .pt or "
+     ".pth, or holding a '/'"},
+    {"init-weights", "model", &TrainConfig::init_weights,
+     "start from this PyTorch state_dict (.safetensors), strictly: every tensor by name and shape"},
+    {"init-weights-partial", "model", &TrainConfig::init_weights_partial,
+     "load the tensors of --init-weights that fit, list the others"},
     {"epochs", "training", &TrainConfig::epochs, "passes over the training set"},
     {"max-steps", "training", &TrainConfig::max_steps, "stop after this many steps; 0 = no limit"},
     {"micro-batch", "training", &TrainConfig::micro_batch, "samples per rank per step"},
@@ -570,6 +576,13 @@ namespace {
 constexpr double kMinBucketMiB = 1.0 / (1 << 20);
 constexpr double kMaxBucketMiB = 1e6;
 
+// A file name with something before ".safetensors".
+bool names_safetensors_file(const std::string& path) {
+  const std::string suffix = ".safetensors";
+  return path.size() > suffix.size() &&
+         path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 template <class T>
 void require(bool holds, const char* option, const T& value, const std::string& what_works) {
   if (holds) return;
@@ -586,6 +599,12 @@ void validate(const TrainConfig& c) {
   require(c.prefetch_batches >= 1, "prefetch", c.prefetch_batches,
           "must be at least 1 (batches read ahead)");
   require(!c.model.empty(), "model", c.model, "give a model name, e.g. simple_cnn");
+  require(c.init_weights.empty() || names_safetensors_file(c.init_weights), "init-weights",
+          c.init_weights,
+          "must name a .safetensors file (a PyTorch state_dict saved with "
+          "safetensors.torch.save_file, or an --export-weights file)");
+  require(!c.init_weights_partial || !c.init_weights.empty(), "init-weights-partial",
+          c.init_weights_partial, "needs --init-weights FILE.safetensors");
   require(c.epochs >= 1, "epochs", c.epochs, "must be at least 1");
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be 0 (no limit) or more");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,

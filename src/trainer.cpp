@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include "hpc_train/checkpoint.h"
@@ -16,6 +17,7 @@
 #include "hpc_train/error.h"
 #include "hpc_train/flat_parameters.h"
 #include "hpc_train/gpu_monitor.h"
+#include "hpc_train/initial_weights.h"
 #include "hpc_train/lr_schedule.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/models.h"
@@ -98,6 +100,7 @@ struct Trainer::Impl {
     const DatasetInfo& info = dataset.info();
     torch::manual_seed(config.seed);
     model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
+    if (!config.init_weights.empty()) load_init_weights();
     model->to(device, dtype);
     check_model_runs_in_dtype(info);
     std::vector<std::string> names;
@@ -137,6 +140,23 @@ struct Trainer::Impl {
                         "backend and --grad-accum 1; use --cuda-graph auto or off");
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
+  }
+
+  // --init-weights, on every rank (initial_weights.h): before the broadcast, which then only
+  // confirms what every rank read.
+  void load_init_weights() {
+    const WeightsMatch match =
+        load_initial_weights(config.init_weights, config.init_weights_partial, *model);
+    const size_t model_tensors = match.matched.size() + match.missing.size() + match.mismatched.size();
+    if (match.complete()) {
+      reporter.say("Initial weights: all %zu tensors from %s\n", model_tensors,
+                   config.init_weights.c_str());
+      return;
+    }
+    // Every tensor left is listed: what a fine-tuning run keeps of its own initialisation.
+    reporter.say("Initial weights: %zu of the model's %zu tensors from %s (partial); left: %s\n",
+                 match.matched.size(), model_tensors, config.init_weights.c_str(),
+                 describe_unmatched(match, SIZE_MAX).c_str());
   }
 
   // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution

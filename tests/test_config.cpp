@@ -685,5 +685,35 @@ TEST(Config, ValidateForDatasetInputMemory) {
   EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 475199, false));
 }
 
+// --init-weights and --init-weights-partial: read from the command line and INI, written back,
+// and validated (a .safetensors file; partial only with a file).
+TEST_F(ConfigTest, InitialWeightsOptions) {
+  const TrainConfig c =
+      parse({"--model", "nets/net.pt", "--init-weights", "w.safetensors", "--init-weights-partial"})
+          .config;
+  EXPECT_EQ(c.model, "nets/net.pt");
+  EXPECT_EQ(c.init_weights, "w.safetensors");
+  EXPECT_TRUE(c.init_weights_partial);
+  EXPECT_NO_THROW(validate(c));
+  const std::string text = to_ini(c);
+  EXPECT_NE(text.find("\n[model]\nmodel = nets/net.pt\ninit_weights = w.safetensors\n"
+                      "init_weights_partial = true\n"),
+            std::string::npos)
+      << text;
+  expect_same(parse({"--config", write("init.ini", text)}).config, c);
+
+  TrainConfig config;
+  config.init_weights = "w.pt";
+  EXPECT_EQ(config_error([&] { validate(config); }),
+            "--init-weights 'w.pt': must name a .safetensors file (a PyTorch state_dict saved "
+            "with safetensors.torch.save_file, or an --export-weights file)");
+  config.init_weights = ".safetensors";
+  EXPECT_NE(config_error([&] { validate(config); }), "");
+  config.init_weights = "";
+  config.init_weights_partial = true;
+  EXPECT_EQ(config_error([&] { validate(config); }),
+            "--init-weights-partial true: needs --init-weights FILE.safetensors");
+}
+
 }  // namespace
 }  // namespace hpc_train

@@ -24,7 +24,11 @@ struct TrainConfig {
   std::string resident_data = "auto";  // --resident-data auto|on|off: the train split kept on the device
 
   // [model]
-  std::string model = "simple_cnn";  // --model: a name from the model registry
+  // --model: a name from the model registry, or a TorchScript file (a path ending in .pt or
+  // .pth, or holding a '/'; models.h names_torchscript_file)
+  std::string model = "simple_cnn";
+  std::string init_weights;           // --init-weights FILE.safetensors: start from these weights
+  bool init_weights_partial = false;  // --init-weights-partial: load what fits, list the rest
 
   // [training]
   int epochs = 10;                // --epochs

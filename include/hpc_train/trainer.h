@@ -28,8 +28,9 @@ void set_compute_threads(int threads);
 
 class Trainer {
  public:
-  // Builds the model (ConfigError for an unknown name), moves it into flat storage and
-  // broadcasts rank 0's parameters. Collective over `comm`.
+  // Builds the model (ConfigError for an unknown name, DataError for a TorchScript file or
+  // --init-weights file that cannot be used), moves it into flat storage and broadcasts rank
+  // 0's parameters. Collective over `comm`.
   Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
           const TrainerOutput& output, Placement placement = Placement{});
   ~Trainer();

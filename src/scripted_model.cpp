@@ -1,6 +1,7 @@
 #include "hpc_train/scripted_model.h"
 
 #include <caffe2/serialize/versions.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
@@ -33,13 +34,24 @@ std::string shape_text(c10::IntArrayRef shape) {
   return text + "]";
 }
 
+// Note [Scripted module executor]: the module's code runs in TorchScript's interpreter without
+// the graph executor's optimisations (GraphOptimizerEnabledGuard(false), thread-local, around
+// every call): each operator runs as in eager mode and records its own autograd, as the same
+// network written in C++ does. With them, the profiling executor would specialise its plan on
+// the first runs (the probe forward on the CPU, then the first steps on the device) and
+// re-profile and compile fused kernels when they change, possibly inside the step being
+// captured as a CUDA graph; and its fused kernels would round differently from the built-in
+// network's. What is lost is the fusion of elementwise operators, whose launches a captured
+// step's replay makes cheap anyway.
 class ScriptedModel final : public TrainableModel {
  public:
   ScriptedModel(torch::jit::Module module, std::string identity)
       : module_(std::move(module)), identity_(std::move(identity)) {}
 
   torch::Tensor forward(const torch::Tensor& images) override {
-    // load_scripted_model checked that forward returns a tensor (its schema says so).
+    // Note [Scripted module executor]. load_scripted_model checked that forward returns a tensor
+    // (its schema says so).
+    torch::jit::GraphOptimizerEnabledGuard interpreted(false);
     return module_.forward({images}).toTensor();
   }
 
@@ -96,7 +108,7 @@ TorchScriptFileInfo check_file(const std::string& path) {
   }
   if (!info.has_code)
     throw DataError(path + ": a PyTorch file without TorchScript code: torch.save wrote it (a "
-                    "state_dict or a pickled nn.Module), which LibTorch cannot run. " +
+                    "state_dict or a pickled nn.Module), which LibTorch cannot run: " +
                     what_to_do + "; weights alone go in with --init-weights FILE.safetensors");
   const int64_t newest = static_cast<int64_t>(caffe2::serialize::kMaxSupportedFileFormatVersion);
   const int64_t oldest = static_cast<int64_t>(caffe2::serialize::kMinSupportedFileFormatVersion);
@@ -184,6 +196,7 @@ void check_output_shape(torch::jit::Module& module, const std::string& path,
                         const ModelShape& shape) {
   const std::vector<int64_t> input = {kProbeBatch, shape.channels, shape.height, shape.width};
   torch::NoGradGuard no_grad;
+  torch::jit::GraphOptimizerEnabledGuard interpreted(false);  // Note [Scripted module executor]
   module.eval();
   torch::Tensor logits;
   try {

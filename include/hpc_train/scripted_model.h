@@ -8,7 +8,9 @@
 // The module's parameters go into the flat buffers and buckets, its buffers (BatchNorm
 // statistics) are broadcast and checkpointed, train/eval switches its `training` flags (which
 // dropout and BatchNorm read), and --precision casts it as it casts a built-in network (fp32
-// master weights in the optimizer). A traced module runs the mode it was traced in: tracing
+// master weights in the optimizer). Its code runs in TorchScript's interpreter operator by
+// operator, as eager PyTorch would run it (Note [Scripted module executor] in
+// scripted_model.cpp). A traced module runs the mode it was traced in: tracing
 // records the branches taken, so script a module whose dropout or BatchNorm must follow
 // train/eval.
 #pragma once

@@ -92,7 +92,8 @@ std::string describe_unmatched(const WeightsMatch& match, size_t max_listed) {
   return text;
 }
 
-WeightsMatch load_initial_weights(const std::string& path, bool partial, TrainableModel& model) {
+WeightsMatch load_initial_weights(const std::string& path, bool partial, TrainableModel& model,
+                                  const std::string& model_name) {
   const SafetensorsHeader header = read_safetensors_header(path);
   std::vector<NamedShape> file;
   for (const SafetensorsTensorInfo& tensor : header.tensors) file.push_back({tensor.name, tensor.shape});
@@ -104,11 +105,11 @@ WeightsMatch load_initial_weights(const std::string& path, bool partial, Trainab
 
   const WeightsMatch match = match_weights(file, expected);
   if (!partial && !match.complete())
-    throw DataError(path + ": the weights do not fit the model " + model.identity() +
+    throw DataError(path + ": the weights do not fit the model " + model_name +
                     " (a strict load): " + describe_unmatched(match) +
                     ". --init-weights-partial loads the tensors that fit and lists the others");
   if (match.matched.empty())
-    throw DataError(path + ": no tensor of the file fits the model " + model.identity() + ": " +
+    throw DataError(path + ": no tensor of the file fits the model " + model_name + ": " +
                     describe_unmatched(match, 3));
 
   // Every tensor read and checked before the first is copied: a file refused halfway leaves

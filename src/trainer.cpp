@@ -145,9 +145,10 @@ struct Trainer::Impl {
   // --init-weights, on every rank (initial_weights.h): before the broadcast, which then only
   // confirms what every rank read.
   void load_init_weights() {
-    const WeightsMatch match =
-        load_initial_weights(config.init_weights, config.init_weights_partial, *model);
-    const size_t model_tensors = match.matched.size() + match.missing.size() + match.mismatched.size();
+    const WeightsMatch match = load_initial_weights(
+        config.init_weights, config.init_weights_partial, *model, config.model);
+    const size_t model_tensors =
+        match.matched.size() + match.missing.size() + match.mismatched.size();
     if (match.complete()) {
       reporter.say("Initial weights: all %zu tensors from %s\n", model_tensors,
                    config.init_weights.c_str());

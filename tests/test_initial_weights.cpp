@@ -84,7 +84,7 @@ class InitialWeightsTest : public ::testing::Test {
   // The DataError's message (fails when there is none, or when it does not name the file).
   std::string refusal(const std::string& path, bool partial, TrainableModel& model) {
     try {
-      load_initial_weights(path, partial, model);
+      load_initial_weights(path, partial, model, "small");
     } catch (const DataError& e) {
       EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
       return e.what();
@@ -130,7 +130,8 @@ TEST(MatchWeights, ByNameAndShape) {
 
 TEST_F(InitialWeightsTest, LoadsEveryTensorBitwise) {
   SmallModel model;
-  const WeightsMatch match = load_initial_weights(write("full.safetensors", full_state()), false, model);
+  const WeightsMatch match =
+      load_initial_weights(write("full.safetensors", full_state()), false, model, "small");
   EXPECT_TRUE(match.complete());
   for (const FileTensor& t : full_state()) {
     const auto& tensor = t.name == "fc.weight"         ? model.weight_
@@ -150,7 +151,7 @@ TEST_F(InitialWeightsTest, ConvertsDtypesBothWays) {
     for (FileTensor& t : state)
       if (t.dtype == "F32") t.dtype = dtype;
     SmallModel model;
-    load_initial_weights(write(std::string(dtype) + ".safetensors", state), false, model);
+    load_initial_weights(write(std::string(dtype) + ".safetensors", state), false, model, "small");
     const torch::Dtype file_dtype = std::string(dtype) == "F16"    ? torch::kHalf
                                     : std::string(dtype) == "BF16" ? torch::kBFloat16
                                                                    : torch::kDouble;
@@ -159,7 +160,7 @@ TEST_F(InitialWeightsTest, ConvertsDtypesBothWays) {
   // An fp32 file into a bf16 model: rounded as a cast rounds.
   SmallModel model;
   model.to(torch::kCPU, torch::kBFloat16);
-  load_initial_weights(write("f32.safetensors", full_state()), false, model);
+  load_initial_weights(write("f32.safetensors", full_state()), false, model, "small");
   EXPECT_TRUE(torch::equal(model.weight_, full_state()[0].values.to(torch::kBFloat16)));
 }
 
@@ -167,7 +168,7 @@ TEST_F(InitialWeightsTest, IntegerBuffersTakeWholeNumbersOnly) {
   std::vector<FileTensor> state = full_state();
   state[2] = {"bn.num_batches_tracked", "F32", {}, torch::tensor(17.0f)};  // a 16-bit run's export
   SmallModel model;
-  load_initial_weights(write("whole.safetensors", state), false, model);
+  load_initial_weights(write("whole.safetensors", state), false, model, "small");
   EXPECT_EQ(model.count_.item<int64_t>(), 17);
   EXPECT_EQ(model.count_.scalar_type(), torch::kLong);
   state[2].values = torch::tensor(17.5f);
@@ -185,6 +186,7 @@ TEST_F(InitialWeightsTest, StrictNamesEveryTensorThatDoesNotFit) {
   EXPECT_TRUE(contains(message, "missing bn.running_mean [3]")) << message;
   EXPECT_TRUE(contains(message, "unexpected head.bias [4]")) << message;
   EXPECT_TRUE(contains(message, "fc.weight is [3, 2] in the file, [2, 3] in the model")) << message;
+  EXPECT_TRUE(contains(message, "do not fit the model small")) << message;
   EXPECT_TRUE(contains(message, "--init-weights-partial")) << message;
   // Nothing was loaded.
   EXPECT_TRUE(torch::equal(model.weight_, torch::arange(6, torch::kFloat).reshape({2, 3})));
@@ -196,7 +198,8 @@ TEST_F(InitialWeightsTest, PartialLoadsWhatFitsAndReportsTheRest) {
   std::vector<FileTensor> state = full_state();
   state[0] = {"fc.weight", "F32", {5, 3}, torch::zeros({5, 3})};  // a new head's shape
   state.push_back({"old_head.weight", "F32", {1}, torch::zeros({1})});
-  const WeightsMatch match = load_initial_weights(write("head.safetensors", state), true, model);
+  const WeightsMatch match =
+      load_initial_weights(write("head.safetensors", state), true, model, "small");
   EXPECT_EQ(match.matched, (std::vector<std::string>{"bn.running_mean", "bn.num_batches_tracked"}));
   ASSERT_EQ(match.mismatched.size(), 1u);
   EXPECT_EQ(match.mismatched[0].name, "fc.weight");

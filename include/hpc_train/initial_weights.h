@@ -54,10 +54,12 @@ WeightsMatch match_weights(const std::vector<NamedShape>& file,
 std::string describe_unmatched(const WeightsMatch& match, size_t max_listed = 8);
 
 // Copies the tensors of the safetensors file `path` into `model`'s parameters and buffers
-// (without recording gradients). `partial`: --init-weights-partial. Throws DataError naming the
-// file: a file that is not safetensors, one that does not fit the model when strict (every
+// (without recording gradients). `partial`: --init-weights-partial; `model_name`: how messages
+// name the model (--model as given). Throws DataError naming the file, before anything is
+// copied: a file that is not safetensors, one that does not fit the model when strict (every
 // unmatched tensor named with its shapes), one of which no tensor fits when partial, a tensor
 // of a dtype that cannot be converted. Returns the match (what a partial load left).
-WeightsMatch load_initial_weights(const std::string& path, bool partial, TrainableModel& model);
+WeightsMatch load_initial_weights(const std::string& path, bool partial, TrainableModel& model,
+                                  const std::string& model_name);
 
 }  // namespace hpc_train

@@ -6,3 +6,6 @@ hpc_train_add_test(NAME test_torchscript_file SOURCES test_torchscript_file.cpp 
 # --init-weights: matching by name and shape, strict and partial loads, dtype conversion.
 hpc_train_add_test(NAME test_initial_weights SOURCES test_initial_weights.cpp RANKS 1
   LIBS hpc_train_engine TIMEOUT 60)
+# Modules scripted by Debian's python3-torch, trained, resumed and refused end to end
+# (tests/test_torchscript.sh says what); initial weights from PyTorch state_dicts.
+hpc_train_add_script_test(NAME test_torchscript SCRIPT test_torchscript.sh TIMEOUT 900)

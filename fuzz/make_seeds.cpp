@@ -3,6 +3,9 @@
 //
 //   make_seeds OUT_DIR      writes OUT_DIR/<target>/<seed> (the committed fuzz/corpus/)
 //
+// corpus/torchscript_file/ is not written here: its seeds are zips that PyTorch itself wrote
+// (tests/support/torchscript_models.py fuzz-seeds DIR).
+//
 // Rerun it when a format changes. Every seed stays small (a few KiB; CIFAR-10's fixed 3073-byte
 // records make that target's seed 18 KiB), so that libFuzzer mutates inputs of a size it handles
 // quickly. The seeds of the HDF5 targets are recipes of the files (Note [HDF5 recipes]).

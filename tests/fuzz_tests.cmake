@@ -1,5 +1,6 @@
 # Fuzzing (label fuzz): every parser of bytes from outside has a libFuzzer target in fuzz/ (IDX and
-# CIFAR-10 converters, dataset file, checkpoint, safetensors header, DeepSpeed JSON, INI config),
+# CIFAR-10 converters, dataset file, checkpoint, safetensors header, DeepSpeed JSON, INI config,
+# the zip of a TorchScript file),
 # built by clang with AddressSanitizer and UndefinedBehaviorSanitizer as a project of its own.
 # fuzz_build configures and builds it into build/fuzz (a fixture, so `ctest -L fuzz` or `-R
 # fuzz_idx` builds first); then each target runs as its own test, a fixed count of inputs, over
@@ -23,8 +24,9 @@ set(HPC_TRAIN_FUZZ_RUNS_checkpoint 90000)
 set(HPC_TRAIN_FUZZ_RUNS_safetensors 200000)
 set(HPC_TRAIN_FUZZ_RUNS_deepspeed_config 150000)
 set(HPC_TRAIN_FUZZ_RUNS_config_ini 60000)
+set(HPC_TRAIN_FUZZ_RUNS_torchscript_file 40000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
-    config_ini)
+    config_ini torchscript_file)
 
 find_program(HPC_TRAIN_FUZZ_CXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16
              clang++-15 clang++-14)

@@ -75,7 +75,7 @@ const OptionSpec kOptions[] = {
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
     {"model", "model", &TrainConfig::model,
-     "a registry name (simple_cnn, resnet18) or a TorchScript file: a path ending in .pt or "
+     "a registry name (simple_cnn, resnet18, ...) or a TorchScript file: a path ending in .pt or "
      ".pth, or holding a '/'"},
     {"init-weights", "model", &TrainConfig::init_weights,
      "start from this PyTorch state_dict (.safetensors), strictly: every tensor by name and shape"},

@@ -61,7 +61,8 @@ class TrainableModel {
   // Training mode (BatchNorm uses and updates batch statistics, dropout drops) or eval mode.
   virtual void train(bool on = true) = 0;
   void eval() { train(false); }
-  // Moves parameters and buffers to `device`, floating-point ones to `dtype`.
+  // Moves parameters and buffers to `device`, floating-point ones to `dtype` (a built-in
+  // network's integer buffers too: nn::Module::to casts every buffer, see BuiltinModel).
   virtual void to(const torch::Device& device, torch::Dtype dtype) = 0;
   // What checkpoints and weight files record as the model: the registry name, or for a
   // TorchScript file "TorchScript content <16 hex digits>" (Note [TorchScript identity] in

@@ -5,7 +5,7 @@
 #   1. a scripted copy of simple_cnn (bench/reference/models.py) and the built-in simple_cnn,
 #      given the same initial weights, follow the same loss trajectory: every step of 20 within
 #      1e-6 relative (metrics.jsonl at --log-every 1), and the same final weights; the weights
-#      did take effect (without them the first loss differs);
+#      did take effect (without them the first loss differs), and a BF16 file loads too;
 #   2. hpc_train's --export-weights loads back: the built-in's weights after 10 steps, loaded
 #      into the scripted copy, give at its first step the built-in's loss at step 11 (each step
 #      is one whole epoch of the same 32 samples, in another order: 1e-6);
@@ -40,6 +40,8 @@ failures=0
 fashion=(--shape 1,28,28 --classes 10)
 models script simple_cnn simple_cnn.pt "${fashion[@]}" --seed 0
 models script simple_cnn unused.pt "${fashion[@]}" --seed 1 --state-dict init.safetensors
+models script simple_cnn unused.pt "${fashion[@]}" --seed 1 --state-dict init-bf16.safetensors \
+  --dtype BF16
 models script bn_dropout_cnn bn.pt "${fashion[@]}"
 models script bn_dropout_cnn_tanh tanh.pt "${fashion[@]}"
 
@@ -94,6 +96,11 @@ if [ "$(losses own-weights)" = "${scripted_losses[0]}" ]; then
   echo "FAIL: the first loss is the same without --init-weights: the weights did not take effect"
   failures=$((failures + 1))
 fi
+
+# The same weights rounded to bf16 in the file: converted, and close to the fp32 ones.
+train 1 bf16-weights "${steps[@]}" --max-steps 1 --model simple_cnn.pt \
+  --init-weights init-bf16.safetensors
+within "$(losses bf16-weights)" "${scripted_losses[0]}" 1e-2 "first loss from BF16 weights vs F32"
 
 echo "== 2. --export-weights loads back"
 train 1 builtin-10 "${steps[@]}" --max-steps 10 --model simple_cnn --init-weights init.safetensors \

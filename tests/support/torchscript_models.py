@@ -29,6 +29,7 @@ tests/support/check_safetensors.py), not the safetensors package.
         with --max-train N --max-test M; prints "test_loss L test_accuracy A"
 """
 import argparse
+import ctypes
 import gzip
 import json
 import math
@@ -53,15 +54,19 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
+def tensor_bytes(tensor):
+    """The bytes of a tensor, row-major (without numpy, which PyTorch wheels do not require)."""
+    tensor = tensor.detach().cpu().contiguous()
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
 def write_safetensors(path, tensors, metadata=None):
     """tensors: {name: torch.Tensor}, written in the given order."""
     header, blobs, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = metadata
     for name, tensor in tensors.items():
-        tensor = tensor.detach().cpu().contiguous()
-        as_numpy = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-        blob = as_numpy.numpy().tobytes()
+        blob = tensor_bytes(tensor)
         header[name] = {"dtype": NAMES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
@@ -199,7 +204,7 @@ def command_cifar_bin(args):
         labels = torch.randint(0, 10, (count,), generator=generator)
         noise = torch.randint(-48, 49, (count, 3, 32, 32), generator=generator)
         images = (patterns[labels] + noise).clamp(0, 255).to(torch.uint8)
-        return b"".join(bytes([int(label)]) + image.numpy().tobytes()
+        return b"".join(bytes([int(label)]) + tensor_bytes(image)
                         for label, image in zip(labels, images))
 
     per_batch = [args.train // 5 + (1 if b < args.train % 5 else 0) for b in range(5)]

@@ -17,12 +17,12 @@
 set(HPC_TRAIN_FUZZ_SEED 1 CACHE STRING "libFuzzer -seed of the fuzz tests")
 set(HPC_TRAIN_FUZZ_SECONDS 300 CACHE STRING "At most this long each fuzz target runs, seconds")
 set(HPC_TRAIN_FUZZ_RUNS_idx 250000)
-set(HPC_TRAIN_FUZZ_RUNS_cifar10 150000)
-set(HPC_TRAIN_FUZZ_RUNS_dataset_file 90000)
-set(HPC_TRAIN_FUZZ_RUNS_checkpoint 90000)
-set(HPC_TRAIN_FUZZ_RUNS_safetensors 200000)
-set(HPC_TRAIN_FUZZ_RUNS_deepspeed_config 150000)
-set(HPC_TRAIN_FUZZ_RUNS_config_ini 60000)
+set(HPC_TRAIN_FUZZ_RUNS_cifar10 135000)
+set(HPC_TRAIN_FUZZ_RUNS_dataset_file 84000)
+set(HPC_TRAIN_FUZZ_RUNS_checkpoint 87000)
+set(HPC_TRAIN_FUZZ_RUNS_safetensors 196000)
+set(HPC_TRAIN_FUZZ_RUNS_deepspeed_config 140000)
+set(HPC_TRAIN_FUZZ_RUNS_config_ini 59000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
     config_ini)
 

@@ -1,7 +1,5 @@
 // The Communicator's backend-independent half: Work, the choice of backend, the watchdog.
 // Scalars are in comm_mpi.cpp.
-#include "hpc_train/comm.h"
-
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -9,6 +7,8 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm_backend.h"
+#include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -31,6 +31,9 @@ bool nccl_available() {
   return false;
 #endif
 }
+
+Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Work::Work(Work&&) noexcept = default;
 
 Work::~Work() {
   // While an exception unwinds, the other ranks may never join this collective: waiting would
@@ -101,6 +104,8 @@ Communicator::~Communicator() {
   watchdog_.reset();
 }
 
+double Communicator::timeout_s() const { return watchdog_ ? watchdog_->timeout_s() : 0.0; }
+
 void Communicator::set_timeout(double seconds) {
   if (!(seconds >= 0.0))
     throw ConfigError("communication timeout " + std::to_string(seconds) +
@@ -131,6 +136,23 @@ void Communicator::launch_captured(const std::function<void()>& launch) {
 
 void Communicator::watch(std::shared_ptr<WatchedOperation> operation) {
   if (watchdog_) watchdog_->watch(std::move(operation));
+}
+
+Work Communicator::all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) {
+  return backend_->all_reduce(tensor, op, label);
+}
+
+Work Communicator::broadcast(at::Tensor& tensor, int root, const std::string& label) {
+  return backend_->broadcast(tensor, root, label);
+}
+
+Work Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                                  const std::string& label) {
+  return backend_->reduce_scatter(input, output, op, label);
+}
+
+Work Communicator::all_gather_in_place(at::Tensor& buffer, const std::string& label) {
+  return backend_->all_gather_in_place(buffer, label);
 }
 
 // --- Note [Communication watchdog]

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm_backend.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 

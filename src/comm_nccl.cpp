@@ -44,6 +44,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm_backend.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/cuda_check.h"
 #include "hpc_train/error.h"

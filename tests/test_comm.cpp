@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include "comm_backend.h"  // src/, private: NcclAbort drives the backend directly
 #include "hpc_train/step_graph.h"
 #endif
 

@@ -185,12 +185,20 @@ class Communicator {
   // every slice holds its rank's data.
   Work all_gather_in_place(at::Tensor& buffer, const std::string& label = {});
 
-  // Small blocking reductions for scalars and flags (loss sums, counts, agreement), over MPI;
-  // watched like the rest.
+  // Small blocking collectives of host values (loss sums, counts, agreement, control data), over
+  // MPI whatever the backend; watched like the rest. Every rank of the communicator calls them
+  // in the same order.
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
   int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
-  // Root's `values` to every rank (same length everywhere), over MPI; watched like the rest.
+  // Element-wise, in place; the same length on every rank.
+  void all_reduce_doubles(std::vector<double>& values, ReduceOp op = ReduceOp::kSum,
+                          const std::string& label = {});
+  // Every rank's `value`, in rank order, at `root`; empty on the other ranks.
+  std::vector<int64_t> gather_count(int64_t value, int root, const std::string& label = {});
+  // Root's `values` to every rank (same length everywhere).
   void broadcast_ints(std::vector<int>& values, int root, const std::string& label = {});
+  // Root's `value` to every rank (any length; the others' `value` is not read).
+  std::string broadcast_string(const std::string& value, int root, const std::string& label = {});
 
  private:
   MPI_Comm comm_;

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <thread>
 
-#include "hpc_train/error.h"
+#include "hpc_train/comm.h"
 
 #ifdef HPC_TRAIN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -275,17 +275,16 @@ std::string cuda_device_name(int) { return {}; }
 
 // MPI has no min-and-max in one operation: the max of (v, -v) gives max v and -min v, one
 // collective instead of two. A NaN (left out) enters both halves as -infinity.
-std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, MPI_Comm comm) {
+std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, Communicator& comm,
+                                       const std::string& label) {
   const size_t n = values.size();
   constexpr double kLeftOut = -std::numeric_limits<double>::infinity();
-  std::vector<double> local(2 * n);
+  std::vector<double> global(2 * n);  // this rank's, until reduced
   for (size_t i = 0; i < n; ++i) {
-    local[i] = std::isnan(values[i]) ? kLeftOut : values[i];
-    local[n + i] = std::isnan(values[i]) ? kLeftOut : -values[i];
+    global[i] = std::isnan(values[i]) ? kLeftOut : values[i];
+    global[n + i] = std::isnan(values[i]) ? kLeftOut : -values[i];
   }
-  std::vector<double> global(2 * n);
-  MPI_CHECK(MPI_Allreduce(local.data(), global.data(), static_cast<int>(2 * n), MPI_DOUBLE,
-                          MPI_MAX, comm));
+  comm.all_reduce_doubles(global, ReduceOp::kMax, label);
   std::vector<MinMax> result(n);
   for (size_t i = 0; i < n; ++i)
     if (global[i] != kLeftOut) result[i] = {-global[n + i], global[i]};
@@ -293,7 +292,7 @@ std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, MPI_Co
 }
 
 GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_bytes,
-                                MPI_Comm comm) {
+                                Communicator& comm) {
   // A rank without NVML samples is left out of the NVML figures, not counted as an idle GPU.
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const bool measured = sample.samples > 0;
@@ -302,7 +301,7 @@ GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_
        measured ? static_cast<double>(sample.memory_used_bytes) : nan,
        measured ? sample.power_w : nan, static_cast<double>(allocator_peak_bytes),
        static_cast<double>(sample.samples)},
-      comm);
+      comm, "GPU figures");
   GpuSpread result;
   result.utilization_pct = spread[0];
   result.memory_used_bytes = spread[1];
@@ -335,15 +334,6 @@ nlohmann::json GpuSpread::to_json() const {
           {"gpu_power_w_max", nvml(power_w.max)},
           {"gpu_alloc_peak_bytes_min", allocator_peak_bytes.min},
           {"gpu_alloc_peak_bytes_max", allocator_peak_bytes.max}};
-}
-
-std::vector<int64_t> gather_at_root(int64_t value, MPI_Comm comm, int root) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &size));
-  std::vector<int64_t> values(rank == root ? size : 0);
-  MPI_CHECK(MPI_Gather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, root, comm));
-  return values;
 }
 
 // Dense peaks of the H100 SXM5, which the H200 SXM shares (same GH100 chip and clocks; the H200

@@ -272,8 +272,7 @@ struct Trainer::Impl {
     line.breakdown = times.breakdown(comm.size(), config.zero_stage == 2);
     // Every rank's GPU figures, min and max over the ranks (collective).
     const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
-    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak,
-                                                comm.mpi_comm());
+    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak, comm);
     if (placement.cuda) line.gpu = gpu;
     reporter.interval(line);
     run_times.add(times);
@@ -480,7 +479,7 @@ struct Trainer::Impl {
     }
     if (placement.cuda) {
       summary.peak_allocated_bytes_per_rank =
-          gather_at_root(allocator_peak_bytes(placement.cuda_device), comm.mpi_comm());
+          comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");
       // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
       const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
                                            config.precision == "fp32" ? "tf32" : config.precision);

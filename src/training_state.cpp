@@ -11,7 +11,6 @@
 #include "hpc_train/checkpoint_files.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/run_options.h"
-#include "hpc_train/runtime.h"
 
 namespace hpc_train {
 namespace {
@@ -141,7 +140,7 @@ std::string RunCheckpoints::to_resume() {
       reporter_.say("--resume auto: no checkpoint in %s yet, starting fresh\n",
                     checkpoint_directory(config_.run_dir).c_str());
   }
-  return broadcast_string(comm_.mpi_comm(), found, 0);
+  return comm_.broadcast_string(found, 0, "checkpoint to resume");
 }
 
 Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {

@@ -1,5 +1,5 @@
 // The Communicator's backend-independent half: Work, the choice of backend, the watchdog.
-// Scalars are in comm_mpi.cpp.
+// Scalars are in comm_mpi.cpp; whether NCCL exists, in comm_nccl.cpp (or comm_cpu.cpp).
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -22,14 +22,6 @@ CommBackendKind parse_comm_backend(const std::string& name) {
 
 const char* comm_backend_name(CommBackendKind kind) {
   return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
-}
-
-bool nccl_available() {
-#ifdef HPC_TRAIN_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
 }
 
 Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -89,12 +81,7 @@ Communicator::Communicator(MPI_Comm comm, CommBackendKind backend, int cuda_devi
   } else if (backend == CommBackendKind::kMpi) {
     backend_ = make_mpi_backend(comm_);
   } else {
-#ifdef HPC_TRAIN_WITH_CUDA
-    backend_ = make_nccl_backend(comm_, cuda_device);
-#else
-    (void)cuda_device;
-    throw ConfigError("--backend nccl: this hpc_train was built with a LibTorch without CUDA");
-#endif
+    backend_ = make_nccl_backend(comm_, cuda_device);  // a build without CUDA throws ConfigError
   }
 }
 

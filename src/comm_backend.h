@@ -109,7 +109,8 @@ class CommWatchdog {
   std::thread thread_;  // last: starts once everything above is ready
 };
 
-// The backends' factories (comm_mpi.cpp, comm_nccl.cpp).
+// The backends' factories: comm_mpi.cpp; comm_nccl.cpp, or in a build without CUDA
+// comm_cpu.cpp, whose factory throws ConfigError.
 std::unique_ptr<CommBackend> make_mpi_backend(MPI_Comm comm);
 std::unique_ptr<CommBackend> make_nccl_backend(MPI_Comm comm, int cuda_device);
 

@@ -1,5 +1,6 @@
 // GPU monitoring (gpu_monitor.h). The only file that knows NVML; it declares the few NVML entry
-// points it uses itself, as NVML documents them, and loads them with dlopen.
+// points it uses itself, as NVML documents them, and loads them with dlopen. What it asks CUDA
+// is in gpu_monitor_cuda.cpp (gpu_monitor_cpu.cpp in a build without CUDA).
 #include "hpc_train/gpu_monitor.h"
 
 #include <dlfcn.h>
@@ -13,12 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include "gpu_monitor_device.h"
 #include "hpc_train/comm.h"
-
-#ifdef HPC_TRAIN_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime.h>
-#endif
 
 namespace hpc_train {
 
@@ -146,26 +143,14 @@ class GpuMonitor::Impl {
   // CUDA_VISIBLE_DEVICES renumbers the GPUs for CUDA, not for NVML: the PCI bus id is what both
   // agree on.
   bool find_device(int cuda_device) {
-#ifdef HPC_TRAIN_WITH_CUDA
-    char bus_id[32] = {};
-    const cudaError_t cuda_rc = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), cuda_device);
-    if (cuda_rc != cudaSuccess) {
-      reason_ = "cudaDeviceGetPCIBusId(" + std::to_string(cuda_device) +
-                ") failed: " + cudaGetErrorString(cuda_rc);
-      return false;
-    }
-    const NvmlReturn rc = handle_by_pci_bus_id_(bus_id, &device_);
+    const std::string bus_id = cuda_pci_bus_id(cuda_device, reason_);
+    if (bus_id.empty()) return false;
+    const NvmlReturn rc = handle_by_pci_bus_id_(bus_id.c_str(), &device_);
     if (rc != kNvmlSuccess) {
-      reason_ = std::string("nvmlDeviceGetHandleByPciBusId_v2(") + bus_id + ") failed: " +
-                error_string_(rc);
+      reason_ = "nvmlDeviceGetHandleByPciBusId_v2(" + bus_id + ") failed: " + error_string_(rc);
       return false;
     }
     return true;
-#else
-    (void)cuda_device;
-    reason_ = "this hpc_train was built without CUDA";
-    return false;
-#endif
   }
 
   Reading read() const {
@@ -246,32 +231,6 @@ const std::string& GpuMonitor::unavailable_reason() const {
 }
 
 GpuSample GpuMonitor::take_interval() { return impl_ ? impl_->take_interval() : GpuSample{}; }
-
-#ifdef HPC_TRAIN_WITH_CUDA
-// Index 0 of a StatArray is the aggregate over the small and large pools (StatType::AGGREGATE,
-// whose namespace differs between LibTorch 1.13 and 2.x, hence the number).
-constexpr size_t kAggregateStat = 0;
-
-int64_t allocator_peak_bytes(int cuda_device) {
-  const auto stats =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(cuda_device));
-  return stats.allocated_bytes[kAggregateStat].peak;
-}
-
-void reset_allocator_peak(int cuda_device) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(cuda_device));
-}
-
-std::string cuda_device_name(int cuda_device) {
-  cudaDeviceProp properties{};
-  if (cudaGetDeviceProperties(&properties, cuda_device) != cudaSuccess) return {};
-  return properties.name;
-}
-#else
-int64_t allocator_peak_bytes(int) { return 0; }
-void reset_allocator_peak(int) {}
-std::string cuda_device_name(int) { return {}; }
-#endif
 
 // MPI has no min-and-max in one operation: the max of (v, -v) gives max v and -min v, one
 // collective instead of two. A NaN (left out) enters both halves as -infinity.

@@ -181,6 +181,18 @@ TEST_P(CommunicatorTest, RejectsNonContiguous) {
   EXPECT_THROW(comm.all_reduce(t), hpc_train::Error);
 }
 
+// A build without CUDA has no NCCL (comm_cpu.cpp stands in for comm_nccl.cpp): asking for it
+// is a configuration error that says why.
+TEST(CommunicatorBackend, NcclNeedsABuildWithCuda) {
+  if (hpc_train::nccl_available()) GTEST_SKIP() << "this build has NCCL";
+  try {
+    Communicator comm(MPI_COMM_WORLD, hpc_train::CommBackendKind::kNccl, /*cuda_device=*/0);
+    ADD_FAILURE() << "a Communicator with NCCL in a build without CUDA";
+  } catch (const hpc_train::ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--backend nccl: this hpc_train was built with a LibTorch without CUDA");
+  }
+}
+
 TEST(CommunicatorTimeout, IsSetAndTurnedOff) {
   Communicator comm(MPI_COMM_WORLD);
   EXPECT_EQ(comm.timeout_s(), 0.0);

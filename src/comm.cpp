@@ -1,5 +1,7 @@
 // The Communicator's backend-independent half: Work, the choice of backend, the watchdog.
 // Scalars are in comm_mpi.cpp; whether NCCL exists, in comm_nccl.cpp (or comm_cpu.cpp).
+#include "hpc_train/comm.h"
+
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -8,7 +10,6 @@
 #include <exception>
 
 #include "comm_backend.h"
-#include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {

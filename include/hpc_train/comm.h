@@ -205,7 +205,7 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   CommBackendKind kind_;
-  std::unique_ptr<CommBackend> backend_;     // comm_backend.h
+  std::unique_ptr<CommBackend> backend_;    // comm_backend.h
   std::shared_ptr<CommWatchdog> watchdog_;  // while a timeout is set; the backend shares it
   bool capturing_ = false;
 };

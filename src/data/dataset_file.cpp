@@ -12,6 +12,7 @@
 
 #include "hdf5_attributes.h"
 #include "hdf5_util.h"
+#include "hpc_train/atomic_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 
@@ -287,6 +288,28 @@ void write_split(hid_t file, Split split, const DatasetInfo& info,
                     labels.data()));
 }
 
+// The whole of `contents` (its info complete) as a dataset file at `path`, flushed and closed.
+void write_contents(const std::string& path, const DatasetContents& contents) {
+  const DatasetInfo& info = contents.info;
+  h5::Lock lock;  // Note [HDF5 lock]
+  h5::File file(H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
+  {
+    h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
+    h5::write_integer_attribute(root.get(), "format_version", kFormatVersion);
+    h5::write_integer_attribute(root.get(), "num_classes", info.num_classes);
+    h5::write_variable_strings_attribute(root.get(), "class_names", info.class_names, false);
+    h5::write_integer_attribute(root.get(), "channels", info.channels);
+    h5::write_integer_attribute(root.get(), "height", info.height);
+    h5::write_integer_attribute(root.get(), "width", info.width);
+    h5::write_floats_attribute(root.get(), "mean", info.mean);
+    h5::write_floats_attribute(root.get(), "std", info.std);
+    h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
+  }
+  write_split(file.get(), Split::kTrain, info, contents.train_images, contents.train_labels);
+  write_split(file.get(), Split::kTest, info, contents.test_images, contents.test_labels);
+  H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
+}
+
 // Per-channel mean and (population) standard deviation of the images scaled to [0, 1]. The sums
 // are exact integers; only the final division is floating point.
 void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
@@ -534,40 +557,14 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
                       " has the same value in every pixel of every train image (std 0), so "
                       "normalising the inputs would divide by zero");
 
-  // Written under a temporary name and renamed when complete, so that a failed or interrupted
-  // conversion never leaves a half-written file under the final name.
-  const std::string temporary = path + ".partial-" + std::to_string(getpid());
+  // Note [Atomic file write]: a failed or killed conversion never leaves a half-written file
+  // under the final name; a killed one may leave <path>.partial-<pid> beside it.
+  AtomicFile file(path, ".partial-" + std::to_string(getpid()));
   try {
-    h5::Lock lock;  // Note [HDF5 lock]
-    h5::File file(H5_CHECK(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
-    {
-      h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
-      h5::write_integer_attribute(root.get(), "format_version", kFormatVersion);
-      h5::write_integer_attribute(root.get(), "num_classes", info.num_classes);
-      h5::write_variable_strings_attribute(root.get(), "class_names", info.class_names, false);
-      h5::write_integer_attribute(root.get(), "channels", info.channels);
-      h5::write_integer_attribute(root.get(), "height", info.height);
-      h5::write_integer_attribute(root.get(), "width", info.width);
-      h5::write_floats_attribute(root.get(), "mean", info.mean);
-      h5::write_floats_attribute(root.get(), "std", info.std);
-      h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
-    }
-    write_split(file.get(), Split::kTrain, info, contents.train_images, contents.train_labels);
-    write_split(file.get(), Split::kTest, info, contents.test_images, contents.test_labels);
-    H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
-  } catch (const Error& e) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
+    write_contents(file.temporary(), contents);
+    file.commit();
+  } catch (const Error& e) {  // `file` removes the temporary file
     throw DataError("cannot write " + path + ": " + e.what());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw;
-  }
-  fs::rename(temporary, path, error);
-  if (error) {
-    fs::remove(temporary, error);
-    throw DataError("cannot write " + path + ": renaming " + temporary + ": " + error.message());
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "hpc_train/device_input.h"
 #include "hpc_train/error.h"
+#include "hpc_train/step_graph.h"
 #include "synthetic_dataset.h"
 
 namespace hpc_train {
@@ -133,6 +134,20 @@ TEST(DeviceInput, NormalisesLikeTheHandComputation) {
   }
   EXPECT_TRUE(at::equal(out.labels.cpu(), labels_of(batch)));
   EXPECT_EQ(out.labels.device(), device);
+}
+
+// A CPU build (device_input_cpu.cpp) refuses a GPU device, naming it, before it allocates
+// anything. A GPU build reaches GPUs, so there is nothing to refuse.
+TEST(DeviceInput, ACpuBuildRefusesAGpuDevice) {
+  if (cuda_graphs_available()) GTEST_SKIP() << "a GPU build";
+  try {
+    DeviceInput input(image_info(3, 4, 5), c10::Device(c10::kCUDA, 1), at::kFloat,
+                      AugmentOptions{}, kSeed, kRank, kBatch);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "DeviceInput: device cuda:1, but this hpc_train was built with a "
+                           "LibTorch without CUDA");
+  }
 }
 
 TEST(DeviceInput, CastsToTheModelDtype) {

@@ -78,7 +78,7 @@ class Work {
 //   nccl  its "done" event has completed (cudaEventQuery from the watchdog's thread; the compute
 //         stream is never synchronised);
 //   graph replay  the event recorded after the replay on the training stream has completed
-//         (queried likewise; step_graph.cpp).
+//         (queried likewise; step_graph_cuda.cpp).
 // A thread polls every kWatchdogPollMs (comm_backend.h): an operation unfinished after the
 // timeout, or an asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of
 // <label> (<bytes> B) did not finish within <T> s (backend mpi|nccl|none)`, ncclCommAbort, then

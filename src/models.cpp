@@ -32,7 +32,9 @@ double linear_flops(int64_t in_features, int64_t out_features) {
 
 // Note [torchvision's initialisation]
 void initialise_like_torchvision(nn::Module& model, LinearInit linear) {
-  for (const auto& module : model.modules()) {
+  // Called from constructors, before a shared_ptr owns the model: its children only (the model
+  // itself is none of these layers).
+  for (const auto& module : model.modules(/*include_self=*/false)) {
     if (auto* conv = module->as<nn::Conv2d>()) {
       nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
       if (conv->bias.defined()) nn::init::zeros_(conv->bias);

@@ -32,6 +32,7 @@
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/model_names.h"
 #include "hpc_train/runtime.h"
 
 namespace hpc_train {
@@ -65,6 +66,9 @@ const SectionSpec kSections[] = {{"data", "Data"},
                                  {"checkpoint", "Checkpoints"},
                                  {"output", "Output"}};
 
+// --model's help lists the registry's names (model_names.h), so that --help shows every model.
+const std::string kModelHelp = "name in the model registry: " + model_names_text();
+
 // Note [One table of options]
 const OptionSpec kOptions[] = {
     {"dataset", "data", &TrainConfig::dataset_path, "HDF5 dataset file (hpc_train_data makes one)"},
@@ -74,7 +78,7 @@ const OptionSpec kOptions[] = {
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
-    {"model", "model", &TrainConfig::model, "name in the model registry, e.g. resnet18"},
+    {"model", "model", &TrainConfig::model, kModelHelp.c_str()},
     {"epochs", "training", &TrainConfig::epochs, "passes over the training set"},
     {"max-steps", "training", &TrainConfig::max_steps, "stop after this many steps; 0 = no limit"},
     {"micro-batch", "training", &TrainConfig::micro_batch, "samples per rank per step"},

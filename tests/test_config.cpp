@@ -16,6 +16,7 @@
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/error.h"
+#include "hpc_train/model_names.h"
 
 namespace hpc_train {
 namespace {
@@ -363,6 +364,17 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--bucket-mb X (=25)", "--first-bucket-mb X (=1)",
         "--overlap-comm [=true|false] (=true)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
+  }
+}
+
+TEST(Config, HelpListsEveryModel) {
+  const std::string help = parse({"--help"}).text;
+  const std::string models = help.substr(help.find("--model TEXT"));
+  for (const std::string& name : model_names()) {
+    // A whole name: after a space, before a comma or the end of the list's last line.
+    const bool listed = models.find(" " + name + ",") != std::string::npos ||
+                        models.find(" " + name + "\n") != std::string::npos;
+    EXPECT_TRUE(listed) << name << " is not in --model's help:\n" << help;
   }
 }
 

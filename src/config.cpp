@@ -5,6 +5,10 @@
 // line and the to_ini() line are all generated from that row, and its default is what TrainConfig{}
 // holds (config.h keeps every default in one place). A new option is a field in config.h and a
 // row here; a new field type is one more alternative in FieldPtr plus its parse/format overloads.
+// A choice (config_choices.h) is one more alternative too; its parse/format overloads are the
+// generic ones over its name table, so that a name no value has, e.g. --precision fp8, fails
+// here, naming the option, the value and the names that would work, on the command line and in
+// the INI file alike.
 //
 // Values go through Boost as text and are converted here, so that a malformed value gets a
 // message that names the option, the value and what would work, and no Boost exception escapes.
@@ -23,6 +27,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -41,7 +46,9 @@ namespace po = boost::program_options;
 
 using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
                               int64_t TrainConfig::*, uint64_t TrainConfig::*,
-                              double TrainConfig::*>;
+                              double TrainConfig::*, Switch TrainConfig::*,
+                              DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
+                              ProgressStyle TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -186,6 +193,10 @@ std::string format_value(double value) {
   if (std::strtod(text, nullptr) != value) std::snprintf(text, sizeof text, "%.17g", value);
   return text;
 }
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string format_value(Choice value) {
+  return to_string(value);
+}
 
 std::string parse_value(const std::string& text, std::string& value) {
   value = text;
@@ -223,6 +234,13 @@ std::string parse_value(const std::string& text, double& value) {
   if (text.empty() || stop != text.c_str() + text.size()) return "expected a number like 0.001";
   if (errno == ERANGE && std::isinf(parsed)) return "out of range for a double";
   value = parsed;
+  return "";
+}
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string parse_value(const std::string& text, Choice& value) {
+  const std::optional<Choice> named = parse_choice<Choice>(text);
+  if (!named) return "must be " + choice_names<Choice>();
+  value = *named;
   return "";
 }
 
@@ -652,20 +670,10 @@ void validate(const TrainConfig& c) {
   require(c.first_bucket_mb >= kMinBucketMiB && c.first_bucket_mb <= kMaxBucketMiB,
           "first-bucket-mb", c.first_bucket_mb,
           "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 1");
-  require(c.device == "auto" || c.device == "cuda" || c.device == "cpu", "device", c.device,
-          "must be auto, cuda or cpu");
-  require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi" || c.backend == "none",
-          "backend", c.backend, "must be auto, nccl, mpi or none (one rank, no communication)");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
-  require(c.augment == "auto" || c.augment == "on" || c.augment == "off", "augment", c.augment,
-          "must be auto, on or off");
-  require(c.resident_data == "auto" || c.resident_data == "on" || c.resident_data == "off",
-          "resident-data", c.resident_data, "must be auto, on or off");
   require(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s >= 0, "comm-timeout",
           c.comm_timeout_s, "must be 0 (no limit) or a number of seconds, e.g. 300");
-  require(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off", "cuda-graph",
-          c.cuda_graph, "must be auto, on or off");
   require(!(c.deterministic && c.cudnn_benchmark), "cudnn-benchmark", c.cudnn_benchmark,
           "cannot be combined with --deterministic (autotuning picks algorithms by timing)");
   require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
@@ -677,8 +685,6 @@ void validate(const TrainConfig& c) {
                                            ".safetensors"),
           "export-weights", c.export_weights, "must name a file ending in .safetensors");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");
-  require(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "progress",
-          c.progress, "must be auto, bar or lines");
 }
 
 // Note [Rank's share of the train split]: every rank gets the same number of samples an epoch
@@ -751,7 +757,7 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
                       "being read and its float32 copy), more than this node's " +
                       memory_text(memory) +
                       "; use a smaller --micro-batch or --prefetch");
-  if (input_on_host && c.resident_data == "on") {
+  if (input_on_host && c.resident_data == Switch::kOn) {
     const double split_bytes = static_cast<double>(n) * (sample_bytes + sizeof(int64_t));
     if (split_bytes > memory)
       throw ConfigError("--resident-data on: " + split + " of " + shape + " images needs " +

@@ -121,8 +121,8 @@ struct Trainer::Impl {
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       config.prefetch_batches, comm);
     const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
-    train_split_resident = config.resident_data == "on" ||
-                           (config.resident_data == "auto" && placement.cuda &&
+    train_split_resident = config.resident_data == Switch::kOn ||
+                           (config.resident_data == Switch::kAuto && placement.cuda &&
                             resident_bytes <= kAutoResidentBytes);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     if (placement.cuda) {
@@ -130,9 +130,9 @@ struct Trainer::Impl {
       at::globalContext().setDeterministicCuDNN(config.deterministic);
     }
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    use_step_graph = placement.cuda && config.cuda_graph != "off" && cuda_graphs_available() &&
+    use_step_graph = placement.cuda && config.cuda_graph != Switch::kOff && cuda_graphs_available() &&
                      placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
-    if (config.cuda_graph == "on" && !use_step_graph)
+    if (config.cuda_graph == Switch::kOn && !use_step_graph)
       throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
                         "backend and --grad-accum 1; use --cuda-graph auto or off");
     resumed_from = checkpoints->to_resume();
@@ -223,7 +223,7 @@ struct Trainer::Impl {
       comm.set_capturing(false);
       if (!captured) {
         use_step_graph = false;
-        if (config.cuda_graph == "on") throw Error("--cuda-graph on: capturing the step failed: " + why);
+        if (config.cuda_graph == Switch::kOn) throw Error("--cuda-graph on: capturing the step failed: " + why);
         reporter.say("CUDA graph capture failed (%s); the steps run eagerly\n", why.c_str());
         return false;
       }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -243,7 +244,7 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.threads_per_rank, 2);
   EXPECT_EQ(c.run_dir, "runs/my run");
   EXPECT_EQ(c.log_every, 5);
-  EXPECT_EQ(c.progress, "lines");
+  EXPECT_EQ(c.progress, ProgressStyle::kLines);
 }
 
 TEST(Config, FlagTakesAnExplicitValue) {
@@ -275,7 +276,7 @@ TEST_F(ConfigTest, IniFileWithSections) {
   EXPECT_TRUE(command_line.config.drop_last);
   EXPECT_EQ(command_line.config.micro_batch, 128);
   EXPECT_EQ(command_line.config.lr, 0.0005);
-  EXPECT_EQ(command_line.config.progress, "bar");
+  EXPECT_EQ(command_line.config.progress, ProgressStyle::kBar);
   EXPECT_EQ(command_line.config.epochs, 10);  // not in the file: the default
 }
 
@@ -302,7 +303,12 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.weight_decay = 0.0;
   config.seed = 18446744073709551615u;
   config.run_dir = "runs/a";
-  config.progress = "lines";
+  config.progress = ProgressStyle::kLines;
+  config.augment = Switch::kOff;
+  config.resident_data = Switch::kOn;
+  config.device = DeviceChoice::kCpu;
+  config.backend = BackendChoice::kNone;
+  config.cuda_graph = Switch::kOff;
   config.grad_accum = 8;
   config.clip_grad = 0.7;
   config.lr_schedule = "warmup";
@@ -446,6 +452,39 @@ TEST_F(ConfigTest, ConfigFileErrorsNameTheFileAndKey) {
   EXPECT_NE(message.find(bad_line + ":2: 'epochs 3' is neither"), std::string::npos) << message;
 }
 
+// A name that no value of a choice has (config_choices.h) fails where it is read, naming the
+// option, the value and the names that would work, on the command line and in the INI file alike.
+TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
+  struct Case {
+    const char* option;
+    const char* section;
+    const char* value;
+    const char* names;
+    const char* default_name;
+  };
+  const Case cases[] = {
+      {"augment", "data", "sometimes", "auto, on or off", "auto"},
+      {"resident-data", "data", "yes", "auto, on or off", "auto"},
+      {"device", "runtime", "gpu", "auto, cuda or cpu", "auto"},
+      {"backend", "runtime", "gloo", "auto, nccl, mpi or none", "auto"},
+      {"cuda-graph", "runtime", "ON", "auto, on or off", "auto"},
+      {"progress", "output", "fancy", "auto, bar or lines", "auto"},
+  };
+  for (const Case& bad : cases) {
+    const std::string option = bad.option;
+    EXPECT_EQ(parse_error({"--" + option, bad.value}),
+              "--" + option + " " + bad.value + ": must be " + bad.names + ", e.g. --" + option +
+                  " " + bad.default_name + ". See hpc_train --help");
+    std::string key = option;
+    std::replace(key.begin(), key.end(), '-', '_');
+    const std::string path = write(
+        "choice.ini", std::string("[") + bad.section + "]\n" + key + " = " + bad.value + "\n");
+    EXPECT_EQ(parse_error({"--config", path}),
+              path + ":2: " + key + " = " + bad.value + " in [" + bad.section + "]: must be " +
+                  bad.names + ", e.g. " + key + " = " + bad.default_name);
+  }
+}
+
 TEST(Config, ValidateNamesTheOptionAndValue) {
   struct Case {
     std::function<void(TrainConfig&)> change;
@@ -467,7 +506,6 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.eps = 0; }, "--eps 0:"},
       {[](TrainConfig& c) { c.weight_decay = -1; }, "--weight-decay -1:"},
       {[](TrainConfig& c) { c.optimizer = "sgd"; }, "--optimizer 'sgd': must be adamw or adam"},
-      {[](TrainConfig& c) { c.progress = "fancy"; }, "--progress 'fancy':"},
       {[](TrainConfig& c) { c.log_every = 0; }, "--log-every 0:"},
       {[](TrainConfig& c) { c.threads_per_rank = -2; }, "--threads-per-rank -2:"},
       {[](TrainConfig& c) { c.dataset_path.clear(); }, "--dataset '':"},
@@ -525,7 +563,7 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.max_steps = 0;
   edges.threads_per_rank = 0;
   edges.optimizer = "adam";
-  edges.progress = "bar";
+  edges.progress = ProgressStyle::kBar;
   edges.clip_grad = 0;
   edges.warmup_start_ratio = 1;
   edges.cosine_final_ratio = 1;
@@ -675,7 +713,7 @@ TEST(Config, ValidateForDatasetInputMemory) {
   // A train split kept resident in host memory: 600 x (784 + 8) = 475200 bytes.
   config = TrainConfig{};
   config.micro_batch = 8;
-  config.resident_data = "on";
+  config.resident_data = Switch::kOn;
   EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 475200, true));
   EXPECT_EQ(config_error([&] { validate_for_dataset(config, info, "data.h5", 3, 475199, true); }),
             "--resident-data on: the train split of data.h5 (600 samples) of 1x28x28 images "

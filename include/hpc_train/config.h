@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include "hpc_train/config_choices.h"
+
 namespace hpc_train {
 
 inline constexpr const char* kDefaultDatasetPath = "data/fashion-mnist.h5";
@@ -20,8 +22,8 @@ struct TrainConfig {
   std::string dataset_path = kDefaultDatasetPath;  // --dataset
   bool drop_last = false;      // --drop-last: drop the epoch's tail instead of padding it
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
-  std::string augment = "auto";  // --augment auto|on|off: random crop + flip (auto: CIFAR-like data)
-  std::string resident_data = "auto";  // --resident-data auto|on|off: the train split kept on the device
+  Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
+  Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
 
   // [model]
   std::string model = "simple_cnn";  // --model: a name from the model registry
@@ -61,13 +63,13 @@ struct TrainConfig {
   bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
 
   // [runtime]
-  std::string device = "auto";    // --device auto|cuda|cpu
-  std::string backend = "auto";   // --backend auto|nccl|mpi
+  DeviceChoice device = DeviceChoice::kAuto;    // --device auto|cuda|cpu
+  BackendChoice backend = BackendChoice::kAuto;  // --backend auto|nccl|mpi|none
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
   double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
   // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph (step_graph.h); auto falls
   // back to eager steps where the step cannot be captured (MPI backend, gradient accumulation).
-  std::string cuda_graph = "auto";
+  Switch cuda_graph = Switch::kAuto;
   bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
@@ -84,7 +86,8 @@ struct TrainConfig {
   // [output]
   std::string run_dir;            // --run-dir; empty = runs/<UTC timestamp>, chosen by rank 0
   int log_every = 50;             // --log-every: steps between log lines and metrics records
-  std::string progress = "auto";  // --progress auto|bar|lines: a bar when stdout is a terminal
+  // --progress auto|bar|lines: auto draws a bar when stdout is a terminal
+  ProgressStyle progress = ProgressStyle::kAuto;
 };
 
 // DeepSpeed's ds_config.json, mapped onto TrainConfig (deepspeed_config.h); --deepspeed-config.

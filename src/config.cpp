@@ -47,8 +47,9 @@ namespace po = boost::program_options;
 using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
                               int64_t TrainConfig::*, uint64_t TrainConfig::*,
                               double TrainConfig::*, Switch TrainConfig::*,
-                              DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
-                              ProgressStyle TrainConfig::*>;
+                              OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
+                              WarmupType TrainConfig::*, DeviceChoice TrainConfig::*,
+                              BackendChoice TrainConfig::*, ProgressStyle TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -608,8 +609,6 @@ void validate(const TrainConfig& c) {
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be 0 (no limit) or more");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,
           "must be at least 1 (samples per rank per step)");
-  require(c.optimizer == "adamw" || c.optimizer == "adam", "optimizer", c.optimizer,
-          "must be adamw or adam");
   require(std::isfinite(c.lr) && c.lr > 0, "lr", c.lr, "must be a finite number > 0, e.g. 0.001");
   require(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "must be in [0, 1), e.g. 0.9");
   require(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "must be in [0, 1), e.g. 0.999");
@@ -620,13 +619,8 @@ void validate(const TrainConfig& c) {
           "must be at least 1 (micro-steps per optimizer step; 1 = no accumulation)");
   require(std::isfinite(c.clip_grad) && c.clip_grad >= 0, "clip-grad", c.clip_grad,
           "must be a finite number >= 0 (0 turns clipping off), e.g. 1.0");
-  require(c.lr_schedule == "constant" || c.lr_schedule == "warmup" ||
-              c.lr_schedule == "warmup-cosine",
-          "lr-schedule", c.lr_schedule, "must be constant, warmup or warmup-cosine");
   require(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps,
           "must be 0 (no warm-up) or more (optimizer steps)");
-  require(c.warmup_type == "linear" || c.warmup_type == "log", "warmup-type", c.warmup_type,
-          "must be linear or log");
   require(c.warmup_start_ratio >= 0 && c.warmup_start_ratio <= 1, "warmup-start-ratio",
           c.warmup_start_ratio, "must be in [0, 1] (a fraction of --lr), e.g. 0.1");
   require(c.cosine_final_ratio >= 0 && c.cosine_final_ratio <= 1, "cosine-final-ratio",
@@ -634,7 +628,7 @@ void validate(const TrainConfig& c) {
   require(c.schedule_steps >= 0, "schedule-steps", c.schedule_steps,
           "must be 0 (the cosine lasts the whole run) or more (optimizer steps)");
   // A cosine that would end before its warm-up does has no shape; 0 is resolved by the trainer.
-  require(c.lr_schedule != "warmup-cosine" || c.schedule_steps == 0 ||
+  require(c.lr_schedule != LrScheduleKind::kWarmupCosine || c.schedule_steps == 0 ||
               c.schedule_steps >= c.warmup_steps,
           "schedule-steps", c.schedule_steps,
           "the cosine would end before the warm-up (--warmup-steps " +

@@ -96,7 +96,7 @@ TrainConfig apply_file(const std::string& path, int world_size,
 void expect_origin_recipe(const TrainConfig& c) {
   EXPECT_EQ(c.grad_accum, 1);
   EXPECT_EQ(c.precision, "fp16");
-  EXPECT_EQ(c.optimizer, "adamw");  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+  EXPECT_EQ(c.optimizer, OptimizerKind::kAdamW);  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
   EXPECT_EQ(c.lr, 1e-3);
   EXPECT_EQ(c.beta1, 0.9);
   EXPECT_EQ(c.beta2, 0.999);
@@ -179,18 +179,18 @@ TEST_F(DeepSpeedConfigTest, EveryMappedKey) {
   EXPECT_TRUE(warnings.empty()) << joined(warnings);
   EXPECT_EQ(config.micro_batch, 16);
   EXPECT_EQ(config.grad_accum, 3);
-  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.lr, 3e-4);
   EXPECT_EQ(config.beta1, 0.8);
   EXPECT_EQ(config.beta2, 0.95);
   EXPECT_EQ(config.eps, 1e-6);
   EXPECT_EQ(config.weight_decay, 0.1);
-  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmupCosine);
   EXPECT_EQ(config.schedule_steps, 5000);
   EXPECT_EQ(config.warmup_steps, 200);
   EXPECT_EQ(config.warmup_start_ratio, 0.05);
   EXPECT_EQ(config.cosine_final_ratio, 0.02);
-  EXPECT_EQ(config.warmup_type, "linear");
+  EXPECT_EQ(config.warmup_type, WarmupType::kLinear);
   EXPECT_EQ(config.precision, "fp16");
   EXPECT_EQ(config.loss_scale, 0.0);
   EXPECT_EQ(config.initial_scale_power, 12);
@@ -219,11 +219,11 @@ TEST_F(DeepSpeedConfigTest, WarmupLr) {
                           "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01,
                                      "warmup_num_steps": 500, "last_batch_iteration": -1}}})",
         1, config);
-  EXPECT_EQ(config.lr_schedule, "warmup");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmup);
   EXPECT_EQ(config.lr, 0.01);
   EXPECT_DOUBLE_EQ(config.warmup_start_ratio, 0.1);
   EXPECT_EQ(config.warmup_steps, 500);
-  EXPECT_EQ(config.warmup_type, "log");  // DeepSpeed's default
+  EXPECT_EQ(config.warmup_type, WarmupType::kLog);  // DeepSpeed's default
 
   // warmup_max_lr replaces the optimizer's lr (said in a warning); a warm-up of fewer than 2
   // steps becomes 2, as in DeepSpeed.
@@ -238,7 +238,7 @@ TEST_F(DeepSpeedConfigTest, WarmupLr) {
   EXPECT_EQ(other.lr, 0.02);
   EXPECT_EQ(other.warmup_start_ratio, 0.0);
   EXPECT_EQ(other.warmup_steps, 2);
-  EXPECT_EQ(other.warmup_type, "linear");
+  EXPECT_EQ(other.warmup_type, WarmupType::kLinear);
   EXPECT_TRUE(any_contains(warnings, "'optimizer.params.lr' 0.5 is replaced by "
                                      "'scheduler.params.warmup_max_lr' 0.02"))
       << joined(warnings);
@@ -260,10 +260,10 @@ TEST_F(DeepSpeedConfigTest, WarmupCosineDefaultsAndErrors) {
   apply(R"({"train_batch_size": 8,
             "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 3000}}})",
         1, config);
-  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmupCosine);
   EXPECT_EQ(config.schedule_steps, 3000);
   EXPECT_EQ(config.warmup_steps, 1000);
-  EXPECT_EQ(config.warmup_type, "log");
+  EXPECT_EQ(config.warmup_type, WarmupType::kLog);
   EXPECT_EQ(config.warmup_start_ratio, 0.0);
   EXPECT_EQ(config.cosine_final_ratio, 0.0001);
 
@@ -296,17 +296,17 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
     apply(R"({"train_batch_size": 8, "optimizer": )" + optimizer + "}", 1, config);
     return config;
   };
-  EXPECT_EQ(optimizer_of(R"({"type": "Adam"})").optimizer, "adamw");
-  EXPECT_EQ(optimizer_of(R"({"type": "adam"})").optimizer, "adamw");  // case-insensitive
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam"})").optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(optimizer_of(R"({"type": "adam"})").optimizer, OptimizerKind::kAdamW);  // case-insensitive
   EXPECT_EQ(optimizer_of(R"({"type": "Adam", "params": {"adam_w_mode": false}})").optimizer,
-            "adam");
-  EXPECT_EQ(optimizer_of(R"({"type": "AdamW"})").optimizer, "adamw");
+            OptimizerKind::kAdam);
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW"})").optimizer, OptimizerKind::kAdamW);
   TrainConfig config;
   const std::vector<std::string> warnings = apply(
       R"({"train_batch_size": 8,
           "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})",
       1, config);
-  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.optimizer, OptimizerKind::kAdamW);
   EXPECT_TRUE(any_contains(warnings, "'optimizer.params.adam_w_mode' false has no effect"));
 
   // A block present means DeepSpeed's defaults for what it leaves out: FusedAdam's weight decay

@@ -32,7 +32,7 @@ struct TrainConfig {
   int epochs = 10;                // --epochs
   int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
   int micro_batch = 64;           // --micro-batch: samples per rank per step
-  std::string optimizer = "adamw";  // --optimizer adamw|adam
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam
   double lr = 1e-3;               // --lr
   double beta1 = 0.9;             // --beta1
   double beta2 = 0.999;           // --beta2
@@ -41,9 +41,10 @@ struct TrainConfig {
   uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
   int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
   double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
-  std::string lr_schedule = "constant";  // --lr-schedule constant|warmup|warmup-cosine
+  // --lr-schedule constant|warmup|warmup-cosine
+  LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
   int64_t warmup_steps = 0;       // --warmup-steps: optimizer steps of warm-up
-  std::string warmup_type = "linear";    // --warmup-type linear|log (DeepSpeed's default is log)
+  WarmupType warmup_type = WarmupType::kLinear;  // --warmup-type linear|log (DeepSpeed's: log)
   double warmup_start_ratio = 0.0;  // --warmup-start-ratio: lr at step 0, as a fraction of --lr
   double cosine_final_ratio = 0.0;  // --cosine-final-ratio: lr at the end, as a fraction of --lr
   int64_t schedule_steps = 0;     // --schedule-steps: length of the cosine; 0 = the whole run
@@ -113,7 +114,8 @@ struct CommandLine {
 // unknown options, malformed values, unreadable or unknown keys in the INI file.
 CommandLine parse_command_line(int argc, const char* const argv[]);
 
-// Checks values that parse but cannot work (micro_batch 0, lr < 0, an unknown optimizer, ...).
+// Checks values that parse but cannot work (micro_batch 0, lr < 0, a cosine shorter than its
+// warm-up, ...); a choice's name was checked when it was read (config_choices.h).
 // Throws ConfigError that names the option and says what would work. The model name is checked
 // by the model registry, and what depends on the world size or the dataset by
 // validate_for_dataset.

@@ -48,8 +48,9 @@ using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, i
                               int64_t TrainConfig::*, uint64_t TrainConfig::*,
                               double TrainConfig::*, Switch TrainConfig::*,
                               OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
-                              WarmupType TrainConfig::*, DeviceChoice TrainConfig::*,
-                              BackendChoice TrainConfig::*, ProgressStyle TrainConfig::*>;
+                              WarmupType TrainConfig::*, Precision TrainConfig::*,
+                              DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
+                              ProgressStyle TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -636,8 +637,6 @@ void validate(const TrainConfig& c) {
               std::to_string(c.warmup_steps) + ", or 0 for the whole run");
   require(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage,
           "must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not supported)");
-  require(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16", "precision",
-          c.precision, "must be fp32, fp16 or bf16");
   require(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "loss-scale", c.loss_scale,
           "must be 0 (dynamic) or a fixed scale > 0, e.g. 1024");
   require(c.initial_scale_power >= 0 && c.initial_scale_power <= 64, "initial-scale-power",

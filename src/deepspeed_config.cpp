@@ -418,14 +418,16 @@ class Importer {
                         "keeps fp32's range and needs no loss scale; fp16 uses the fp16 block's "
                         "loss scaler)");
     }
-    const std::string precision = fp16_enabled ? "fp16" : bf16_enabled ? "bf16" : "fp32";
+    const Precision precision = fp16_enabled   ? Precision::kFp16
+                                : bf16_enabled ? Precision::kBf16
+                                               : Precision::kFp32;
     const char* key = fp16_enabled   ? "fp16.enabled"
                       : bf16_enabled ? "bf16.enabled"
                                      : "fp16/bf16 (neither enabled)";
     set("precision", key, &TrainConfig::precision, precision, enabled_in_file);
-    if (!scaler_keys_given.empty() && config_.precision != "fp16") {
+    if (!scaler_keys_given.empty() && config_.precision != Precision::kFp16) {
       warn(join(scaler_keys_given, ", ") + " take effect only with fp16; the precision is " +
-           config_.precision);
+           to_string(config_.precision));
     }
   }
 
@@ -676,7 +678,7 @@ class Importer {
 
     // DeepSpeed counts bucket sizes in ELEMENTS of the gradients' dtype, hpc_train in MiB: an
     // element is 2 bytes in fp16 and bf16 and 4 in fp32, so 5e8 elements are 953.7 MiB in fp16.
-    const double element_bytes = config_.precision == "fp32" ? 4.0 : 2.0;
+    const double element_bytes = config_.precision == Precision::kFp32 ? 4.0 : 2.0;
     std::optional<int64_t> reduce_elements;
     if (const json* reduce = member(block, "reduce_bucket_size")) {
       reduce_elements = whole(*reduce, "zero_optimization.reduce_bucket_size");

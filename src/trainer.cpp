@@ -150,8 +150,8 @@ struct Trainer::Impl {
       model->forward(torch::zeros({1, info.channels, info.height, info.width},
                                   torch::TensorOptions().dtype(dtype).device(device)));
     } catch (const c10::Error& e) {
-      throw ConfigError("--precision " + config.precision + ": " + config.model +
-                        " cannot run in " + config.precision + " here (" +
+      throw ConfigError("--precision " + to_string(config.precision) + ": " + config.model +
+                        " cannot run in " + to_string(config.precision) + " here (" +
                         first_line(e.what_without_backtrace()) +
                         "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
     }
@@ -265,7 +265,7 @@ struct Trainer::Impl {
     line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
     line.ms_per_step = interval_ms / steps;
     line.buckets = reducer->num_buckets();
-    line.show_loss_scale = config.precision == "fp16";
+    line.show_loss_scale = config.precision == Precision::kFp16;
     line.loss_scale = report.loss_scale;
     line.skipped_steps = report.skipped_steps;
     line.memory = memory();
@@ -328,12 +328,12 @@ struct Trainer::Impl {
     summary.model = config.model;
     summary.parameters = flat.numel();
     summary.zero_stage = config.zero_stage;
-    summary.precision = config.precision;
+    summary.precision = to_string(config.precision);
     summary.placement = placement.describe();
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     summary.resumed_from = resumed_from;
-    reporter.run_start({config.model, flat.numel(), config.precision, config.zero_stage,
+    reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
                         comm.size(), summary.placement, info.train_size, steps_per_epoch,
                         config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
 
@@ -483,7 +483,7 @@ struct Trainer::Impl {
           gather_at_root(allocator_peak_bytes(placement.cuda_device), comm.mpi_comm());
       // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
       const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
-                                           config.precision == "fp32" ? "tf32" : config.precision);
+                                           config.precision, /*fp32_as_tf32=*/true);
       summary.training_flops_per_sample = training_flops_per_sample(
           config.model, {info.channels, info.height, info.width, info.num_classes});
       summary.mfu = model_flops_utilization(summary.training_flops_per_sample,

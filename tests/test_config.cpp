@@ -128,7 +128,7 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.cosine_final_ratio, 0.0);
   EXPECT_EQ(config.schedule_steps, 0);
   EXPECT_EQ(config.zero_stage, 0);
-  EXPECT_EQ(config.precision, "fp32");
+  EXPECT_EQ(config.precision, Precision::kFp32);
   // The fp16 loss scaler's defaults are DeepSpeed's.
   EXPECT_EQ(config.loss_scale, 0.0);
   EXPECT_EQ(config.initial_scale_power, 16);
@@ -167,7 +167,7 @@ TEST(Config, CommandLineSetsTrainingZeroAndCommOptions) {
   EXPECT_EQ(c.cosine_final_ratio, 0.01);
   EXPECT_EQ(c.schedule_steps, 9000);
   EXPECT_EQ(c.zero_stage, 2);
-  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.precision, Precision::kBf16);
   EXPECT_EQ(c.loss_scale, 1024.0);
   EXPECT_EQ(c.initial_scale_power, 12);
   EXPECT_EQ(c.loss_scale_window, 200);
@@ -318,7 +318,7 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.cosine_final_ratio = 1e-4;
   config.schedule_steps = 123456;
   config.zero_stage = 2;
-  config.precision = "fp16";
+  config.precision = Precision::kFp16;
   config.loss_scale = 0.5;
   config.initial_scale_power = 20;
   config.loss_scale_window = 77;
@@ -467,6 +467,7 @@ TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
       {"optimizer", "training", "sgd", "adamw or adam", "adamw"},
       {"lr-schedule", "training", "cosine", "constant, warmup or warmup-cosine", "constant"},
       {"warmup-type", "training", "exp", "linear or log", "linear"},
+      {"precision", "zero", "fp8", "fp32, fp16 or bf16", "fp32"},
       {"resident-data", "data", "yes", "auto, on or off", "auto"},
       {"device", "runtime", "gpu", "auto, cuda or cpu", "auto"},
       {"backend", "runtime", "gloo", "auto, nccl, mpi or none", "auto"},
@@ -532,8 +533,6 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
        "--zero-stage 3: must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not "
        "supported)"},
       {[](TrainConfig& c) { c.zero_stage = -1; }, "--zero-stage -1:"},
-      {[](TrainConfig& c) { c.precision = "fp8"; },
-       "--precision 'fp8': must be fp32, fp16 or bf16"},
       {[](TrainConfig& c) { c.loss_scale = -1; }, "--loss-scale -1: must be 0 (dynamic)"},
       {[](TrainConfig& c) { c.initial_scale_power = 65; }, "--initial-scale-power 65: must be in "
                                                            "[0, 64]"},
@@ -570,7 +569,7 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.loss_scale_window = 1;
   edges.hysteresis = 1;
   edges.zero_stage = 2;
-  edges.precision = "bf16";
+  edges.precision = Precision::kBf16;
   edges.lr_schedule = LrScheduleKind::kWarmupCosine;
   edges.warmup_steps = 100;
   edges.schedule_steps = 100;  // a cosine that ends where the warm-up does

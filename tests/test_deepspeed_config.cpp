@@ -95,7 +95,7 @@ TrainConfig apply_file(const std::string& path, int world_size,
 
 void expect_origin_recipe(const TrainConfig& c) {
   EXPECT_EQ(c.grad_accum, 1);
-  EXPECT_EQ(c.precision, "fp16");
+  EXPECT_EQ(c.precision, Precision::kFp16);
   EXPECT_EQ(c.optimizer, OptimizerKind::kAdamW);  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
   EXPECT_EQ(c.lr, 1e-3);
   EXPECT_EQ(c.beta1, 0.9);
@@ -191,7 +191,7 @@ TEST_F(DeepSpeedConfigTest, EveryMappedKey) {
   EXPECT_EQ(config.warmup_start_ratio, 0.05);
   EXPECT_EQ(config.cosine_final_ratio, 0.02);
   EXPECT_EQ(config.warmup_type, WarmupType::kLinear);
-  EXPECT_EQ(config.precision, "fp16");
+  EXPECT_EQ(config.precision, Precision::kFp16);
   EXPECT_EQ(config.loss_scale, 0.0);
   EXPECT_EQ(config.initial_scale_power, 12);
   EXPECT_EQ(config.loss_scale_window, 500);
@@ -334,17 +334,17 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
 TEST_F(DeepSpeedConfigTest, Precision) {
   TrainConfig config;
   apply(R"({"train_batch_size": 8, "bf16": {"enabled": true}})", 1, config);
-  EXPECT_EQ(config.precision, "bf16");
+  EXPECT_EQ(config.precision, Precision::kBf16);
 
   TrainConfig off;
-  off.precision = "bf16";  // as if from the INI file
+  off.precision = Precision::kBf16;  // as if from the INI file
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": false}})", 1, off);
-  EXPECT_EQ(off.precision, "fp32");  // the file's block says: no mixed precision
+  EXPECT_EQ(off.precision, Precision::kFp32);  // the file's block says: no mixed precision
 
   TrainConfig untouched;
-  untouched.precision = "bf16";
+  untouched.precision = Precision::kBf16;
   apply(R"({"train_batch_size": 8})", 1, untouched);
-  EXPECT_EQ(untouched.precision, "bf16");  // no block: the INI/default value stays
+  EXPECT_EQ(untouched.precision, Precision::kBf16);  // no block: the INI/default value stays
 
   TrainConfig fixed;
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 128}})", 1, fixed);
@@ -383,7 +383,7 @@ TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
   // reduce_bucket_size counts elements: 2 bytes each in fp16/bf16, 4 in fp32.
   TrainConfig fp32;
   apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 5e8}})", 1, fp32);
-  EXPECT_EQ(fp32.precision, "fp32");
+  EXPECT_EQ(fp32.precision, Precision::kFp32);
   EXPECT_EQ(fp32.bucket_mb, 5e8 * 4 / 1048576.0);
   TrainConfig fp16;
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": true},
@@ -391,7 +391,7 @@ TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
         1, fp16);
   EXPECT_EQ(fp16.bucket_mb, 2.0);
   TrainConfig bf16_from_command_line;
-  bf16_from_command_line.precision = "bf16";
+  bf16_from_command_line.precision = Precision::kBf16;
   apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 524288}})", 1,
         bf16_from_command_line, {"precision"});
   EXPECT_EQ(bf16_from_command_line.bucket_mb, 1.0);

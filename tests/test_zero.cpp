@@ -212,12 +212,12 @@ TEST_F(ZeroTest, CapturedStepsMatchEagerSteps) {
   if (Communicator(MPI_COMM_WORLD).size() != 1)
     GTEST_SKIP() << "graphs need NCCL, which takes one rank per GPU";
   at::globalContext().setDeterministicCuDNN(true);
-  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
     for (int stage : {0, 2}) {
       TrainConfig config = base(kMicroBatch);
       config.precision = precision;
       config.zero_stage = stage;
-      const std::string what = std::string(precision) + ", stage " + std::to_string(stage);
+      const std::string what = to_string(precision) + ", stage " + std::to_string(stage);
       auto run = [&](Switch graph, int64_t expected_replays) {
         TrainConfig placed = config;
         placed.cuda_graph = graph;
@@ -236,7 +236,7 @@ TEST_F(ZeroTest, CapturedStepsMatchEagerSteps) {
       std::printf("graph replay vs eager, %s: relative difference %.3e\n", what.c_str(), difference);
       // The same kernels in the same order (deterministic cuDNN algorithms on both sides): fp32
       // agrees to rounding; 16-bit parameters may round a few elements the other way.
-      EXPECT_LE(difference, std::string(precision) == "fp32" ? 1e-5 : 2e-3) << what;
+      EXPECT_LE(difference, precision == Precision::kFp32 ? 1e-5 : 2e-3) << what;
     }
   }
   at::globalContext().setDeterministicCuDNN(false);

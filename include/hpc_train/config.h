@@ -51,7 +51,7 @@ struct TrainConfig {
 
   // [zero] ZeRO partitioning and mixed precision
   int zero_stage = 0;             // --zero-stage 0|1|2
-  std::string precision = "fp32"; // --precision fp32|fp16|bf16
+  Precision precision = Precision::kFp32;  // --precision fp32|fp16|bf16
   double loss_scale = 0.0;        // --loss-scale: fixed fp16 loss scale; 0 = dynamic
   int initial_scale_power = 16;   // --initial-scale-power: dynamic scale starts at 2^this
   int loss_scale_window = 1000;   // --loss-scale-window: steps without overflow before doubling

@@ -760,6 +760,8 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
   }
 }
 
+bool resumes_newest_checkpoint(const TrainConfig& config) { return config.resume == "auto"; }
+
 // Note: Boost's INI parser has no escapes, so a string value with '#' (a comment there) or with
 // blanks at either end does not read back; the command line still accepts such values.
 std::string to_ini(const TrainConfig& config) {

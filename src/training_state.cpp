@@ -130,7 +130,7 @@ RunCheckpoints::RunCheckpoints(const TrainConfig& config, const DatasetInfo& inp
       loss_scaling_(loss_scaling(config)) {}
 
 std::string RunCheckpoints::to_resume() {
-  if (config_.resume != "auto") return config_.resume;
+  if (!resumes_newest_checkpoint(config_)) return config_.resume;
   std::string found;
   if (comm_.rank() == 0) {
     std::vector<std::string> warnings;

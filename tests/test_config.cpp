@@ -247,6 +247,16 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.progress, ProgressStyle::kLines);
 }
 
+// --resume is a file, or auto: the run directory's newest checkpoint; empty starts afresh.
+TEST(Config, ResumeAutoMeansTheNewestCheckpoint) {
+  EXPECT_FALSE(resumes_newest_checkpoint(TrainConfig{}));
+  EXPECT_TRUE(resumes_newest_checkpoint(parse({"--resume", "auto"}).config));
+  const TrainConfig file = parse({"--resume", "runs/a/checkpoints/step-00000004.h5"}).config;
+  EXPECT_FALSE(resumes_newest_checkpoint(file));
+  EXPECT_EQ(file.resume, "runs/a/checkpoints/step-00000004.h5");
+  EXPECT_FALSE(resumes_newest_checkpoint(parse({"--resume", "auto.h5"}).config));
+}
+
 TEST(Config, FlagTakesAnExplicitValue) {
   EXPECT_FALSE(parse({"--drop-last=false"}).config.drop_last);
   EXPECT_TRUE(parse({"--drop-last=true"}).config.drop_last);

@@ -133,6 +133,10 @@ void validate_for_dataset(const TrainConfig& config, const DatasetInfo& dataset,
                           const std::string& dataset_path, int world_size,
                           int64_t host_memory_bytes, bool input_on_host);
 
+// Whether --resume asks for the run directory's newest checkpoint ("auto"), rather than naming
+// a file (or being empty: a fresh start). --resume stays text, since it is mostly a path.
+bool resumes_newest_checkpoint(const TrainConfig& config);
+
 // The configuration as INI text, grouped by section, every option with its value; reading it
 // back with --config gives the same configuration.
 std::string to_ini(const TrainConfig& config);

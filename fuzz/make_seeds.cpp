@@ -240,9 +240,9 @@ void config_ini_seeds() {
   changed.dataset_path = "data/cifar10.h5";
   changed.model = "resnet18";
   changed.drop_last = true;
-  changed.lr_schedule = "warmup-cosine";
+  changed.lr_schedule = LrScheduleKind::kWarmupCosine;
   changed.warmup_steps = 100;
-  changed.precision = "bf16";
+  changed.precision = Precision::kBf16;
   changed.zero_stage = 2;
   changed.bucket_mb = 12.5;
   changed.clip_grad = 1.0;

@@ -19,6 +19,7 @@
 #include "data/hdf5_util.h"
 #include "hpc_train/atomic_file.h"
 #include "hpc_train/checkpoint_files.h"
+#include "hpc_train/config_choices.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/safetensors.h"
@@ -549,8 +550,9 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
 bool continues_loss_scaler(const Checkpoint& checkpoint,
                            const std::optional<LossScalerOptions>& run_scaling) {
   const bool run_dynamic = run_scaling && run_scaling->fixed_scale <= 0;
-  return run_dynamic && checkpoint.precision == "fp16" && checkpoint.has_loss_scaler &&
-         checkpoint.loss_scaler_dynamic;
+  // The file holds the precision's name (Note [Choice names] in config_choices.h).
+  return run_dynamic && parse_choice<Precision>(checkpoint.precision) == Precision::kFp16 &&
+         checkpoint.has_loss_scaler && checkpoint.loss_scaler_dynamic;
 }
 
 void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint) {

@@ -81,19 +81,22 @@ std::string shape_text(at::IntArrayRef sizes) {
 
 }  // namespace
 
-AugmentOptions default_augmentation(const DatasetInfo& info, const std::string& setting) {
+AugmentOptions default_augmentation(const DatasetInfo& info, Switch setting) {
   AugmentOptions on;
   on.random_crop = true;
   on.horizontal_flip = true;
-  if (setting == "on") return on;
-  if (setting == "off") return AugmentOptions{};
-  if (setting == "auto") {
-    // Crop and flip are the standard recipe for CIFAR-like photos; for digits and clothing
-    // items centred on a blank background they change the classes' look, so they stay off.
-    const bool cifar_like = info.channels == 3 && info.height >= 32 && info.width >= 32;
-    return cifar_like ? on : AugmentOptions{};
+  switch (setting) {
+    case Switch::kOn:
+      return on;
+    case Switch::kOff:
+      return AugmentOptions{};
+    case Switch::kAuto:
+      break;
   }
-  throw ConfigError("--augment " + setting + ": use auto, on or off");
+  // Crop and flip are the standard recipe for CIFAR-like photos; for digits and clothing items
+  // centred on a blank background they change the classes' look, so they stay off.
+  const bool cifar_like = info.channels == 3 && info.height >= 32 && info.width >= 32;
+  return cifar_like ? on : AugmentOptions{};
 }
 
 int64_t resident_split_bytes(const DatasetInfo& info, Split split) {

@@ -302,16 +302,20 @@ nlohmann::json GpuSpread::to_json() const {
 // (https://www.nvidia.com/en-us/data-center/h200/) lists the sparse figures: BF16/FP16
 // 1,979 TFLOPS, TF32 989 TFLOPS, and FP32 67 TFLOPS. PCIe and NVL boards run lower clocks and
 // power, so they are not matched here.
-double peak_flops_per_s(const std::string& device_name, const std::string& precision) {
+double peak_flops_per_s(const std::string& device_name, Precision precision, bool fp32_as_tf32) {
   const bool hopper_sxm = (device_name.find("H100") != std::string::npos ||
                            device_name.find("H200") != std::string::npos) &&
                           device_name.find("GH200") == std::string::npos &&
                           device_name.find("PCIe") == std::string::npos &&
                           device_name.find("NVL") == std::string::npos;
   if (!hopper_sxm) return 0.0;
-  if (precision == "bf16" || precision == "fp16") return 989.4e12;
-  if (precision == "tf32") return 494.7e12;
-  if (precision == "fp32") return 66.9e12;
+  switch (precision) {
+    case Precision::kBf16:
+    case Precision::kFp16:
+      return 989.4e12;
+    case Precision::kFp32:
+      return fp32_as_tf32 ? 494.7e12 : 66.9e12;
+  }
   return 0.0;
 }
 

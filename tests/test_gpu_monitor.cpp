@@ -130,15 +130,16 @@ TEST(GpuSpread, UnmeasuredRanksShowOnlyTheAllocator) {
 
 // The dense peaks of NVIDIA's H100 SXM5 / H200 SXM figures (gpu_monitor.cpp cites them).
 TEST(PeakFlops, KnownHopperBoardsOnly) {
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "bf16"), 989.4e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp16"), 989.4e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "tf32"), 494.7e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32"), 66.9e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 PCIe", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200 NVL", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA GeForce RTX 4090", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp8"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("", "bf16"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kBf16, false), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kFp16, false), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kBf16, true), 989.4e12);  // no fp32 here
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", Precision::kFp32, true), 494.7e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", Precision::kFp32, false), 66.9e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 PCIe", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200 NVL", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA GeForce RTX 4090", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA GH200 480GB", Precision::kFp32, true), 0.0);
+  EXPECT_EQ(peak_flops_per_s("", Precision::kBf16, false), 0.0);
 }
 
 TEST(Mfu, FractionOfThePeak) {
@@ -228,9 +229,9 @@ TEST(GpuMonitorOnGpu, DeviceNameAndPeak) {
   const std::string name = cuda_device_name(0);
   EXPECT_FALSE(name.empty());
   std::printf("GPU 0 is \"%s\": bf16 dense peak %.1f TFLOP/s (0 = unknown board)\n", name.c_str(),
-              peak_flops_per_s(name, "bf16") / 1e12);
+              peak_flops_per_s(name, Precision::kBf16, false) / 1e12);
   if (name.find("H200") != std::string::npos && name.find("NVL") == std::string::npos) {
-    EXPECT_EQ(peak_flops_per_s(name, "bf16"), 989.4e12);
+    EXPECT_EQ(peak_flops_per_s(name, Precision::kBf16, false), 989.4e12);
   }
 }
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "hpc_train/config_choices.h"
+
 namespace hpc_train {
 
 class Communicator;  // comm.h
@@ -102,8 +104,9 @@ GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_
 std::string cuda_device_name(int cuda_device);
 
 // Dense (no 2:4 sparsity) peak FLOP/s of one GPU named `device_name` as CUDA names it, for
-// `precision` "bf16", "fp16", "tf32" or "fp32"; 0 when unknown (MFU is then not reported).
-double peak_flops_per_s(const std::string& device_name, const std::string& precision);
+// arithmetic in `precision`; fp32 as TF32 on the tensor cores when `fp32_as_tf32`. 0 when the
+// GPU is unknown (MFU is then not reported).
+double peak_flops_per_s(const std::string& device_name, Precision precision, bool fp32_as_tf32);
 
 // Model FLOPs utilisation: the FLOP/s the model's arithmetic needs at `samples_per_s` (over all
 // `num_gpus`), as a fraction of their peak. 0 when the peak is unknown.

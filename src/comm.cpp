@@ -14,13 +14,6 @@
 
 namespace hpc_train {
 
-CommBackendKind parse_comm_backend(const std::string& name) {
-  if (name == "mpi") return CommBackendKind::kMpi;
-  if (name == "nccl") return CommBackendKind::kNccl;
-  if (name == "none") return CommBackendKind::kNone;
-  throw ConfigError("--backend " + name + ": use mpi, nccl, none (one rank) or auto");
-}
-
 const char* comm_backend_name(CommBackendKind kind) {
   return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
 }

@@ -29,7 +29,7 @@ std::string format_number(double value) {
 
 }  // namespace
 
-LrSchedule::LrSchedule(const LrScheduleOptions& o) {
+LrSchedule::LrSchedule(const LrScheduleParams& o) : params_(o) {
   if (o.warmup_steps < 0) {
     throw ConfigError("--warmup-steps " + std::to_string(o.warmup_steps) +
                       ": must be 0 (no warm-up) or more");
@@ -56,13 +56,6 @@ LrSchedule::LrSchedule(const LrScheduleOptions& o) {
                         std::to_string(o.warmup_steps));
     }
   }
-  params_.kind = o.kind;
-  params_.warmup_type = o.warmup_type;
-  params_.lr = o.lr;
-  params_.warmup_steps = o.warmup_steps;
-  params_.warmup_start_ratio = o.warmup_start_ratio;
-  params_.cosine_final_ratio = o.cosine_final_ratio;
-  params_.total_steps = o.total_steps;
 }
 
 }  // namespace hpc_train

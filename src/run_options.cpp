@@ -52,8 +52,8 @@ ZeroOptions zero_options(const TrainConfig& config) {
   return zero;
 }
 
-LrScheduleOptions lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
-  LrScheduleOptions options;
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
+  LrScheduleParams options;
   options.kind = config.lr_schedule;
   options.lr = config.lr;
   options.warmup_steps = config.warmup_steps;

@@ -22,7 +22,6 @@
 #include "hpc_train/reducer.h"
 #include "hpc_train/run_options.h"
 #include "hpc_train/run_report.h"
-#include "hpc_train/runtime.h"
 #include "hpc_train/step_graph.h"
 #include "hpc_train/stop_signal.h"
 #include "hpc_train/training_state.h"

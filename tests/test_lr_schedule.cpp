@@ -20,10 +20,10 @@ constexpr LrScheduleKind kWarmupCosine = LrScheduleKind::kWarmupCosine;
 constexpr WarmupType kLinear = WarmupType::kLinear;
 constexpr WarmupType kLog = WarmupType::kLog;
 
-LrScheduleOptions options(LrScheduleKind kind, double lr, int64_t warmup_steps,
+LrScheduleParams options(LrScheduleKind kind, double lr, int64_t warmup_steps,
                           WarmupType warmup_type, double start_ratio = 0.0,
                           double final_ratio = 0.0, int64_t total_steps = 0) {
-  LrScheduleOptions o;
+  LrScheduleParams o;
   o.kind = kind;
   o.lr = lr;
   o.warmup_steps = warmup_steps;
@@ -37,7 +37,7 @@ LrScheduleOptions options(LrScheduleKind kind, double lr, int64_t warmup_steps,
 TEST(LrSchedule, Constant) {
   const LrSchedule schedule(options(kConstant, 0.003, 100, kLog));
   for (int64_t step : {0, 1, 99, 100, 1000000}) EXPECT_EQ(schedule.lr_at(step), 0.003);
-  EXPECT_EQ(LrSchedule(LrScheduleOptions{}).lr_at(5), 1e-3);  // the defaults
+  EXPECT_EQ(LrSchedule(LrScheduleParams{}).lr_at(5), 1e-3);  // the defaults
 }
 
 TEST(LrSchedule, LinearWarmup) {
@@ -113,7 +113,7 @@ TEST(LrSchedule, CosineWithoutWarmupAndWithLogWarmup) {
 }
 
 TEST(LrSchedule, RejectsWhatCannotWork) {
-  const auto message = [](const LrScheduleOptions& o) -> std::string {
+  const auto message = [](const LrScheduleParams& o) -> std::string {
     try {
       LrSchedule schedule(o);
     } catch (const ConfigError& e) {

@@ -37,8 +37,6 @@ enum class ReduceOp { kSum, kMax, kMin };
 // (what a run with the distributed machinery switched off is measured with).
 enum class CommBackendKind { kMpi, kNccl, kNone };
 
-// "mpi" | "nccl" -> the kind; ConfigError otherwise.
-CommBackendKind parse_comm_backend(const std::string& name);
 // The kind's name: "mpi", "nccl" or "none".
 const char* comm_backend_name(CommBackendKind kind);
 // Whether this build can run NCCL (LibTorch with CUDA).

@@ -13,11 +13,12 @@ build_dir=${HPC_TRAIN_BUILD_DIR:-build}
 
 # Debian 12 / Ubuntu 24.04 package names of everything the build, the data and the tests need.
 # clang and libclang-rt-dev (libFuzzer and the sanitizers' runtimes) build the fuzz targets;
-# python3-torch (the version of libtorch-dev) scripts the TorchScript modules of the tests.
+# python3-torch and python3-torchvision (the version of libtorch-dev) are the model zoo tests'
+# reference (ctest -L models) and script the TorchScript modules of the tests.
 packages=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libopenmpi-dev
           openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev nlohmann-json3-dev
           zlib1g-dev libgtest-dev dataset-fashion-mnist python3 slurm-wlm munge lmod
-          clang libclang-rt-dev python3-torch)
+          clang libclang-rt-dev python3-torch python3-torchvision)
 
 install_missing_packages() {
   local missing=()

@@ -17,6 +17,7 @@ set(HDF5_PREFER_PARALLEL ON)
 find_package(HDF5 COMPONENTS C)
 hpc_train_require(HDF5_FOUND "HDF5 (C library)"
   "Install libhdf5-openmpi-dev (parallel) or libhdf5-dev (serial), or set HDF5_ROOT.")
+include(${CMAKE_CURRENT_LIST_DIR}/HpcTrainHdf5Target.cmake)
 
 find_package(Boost 1.71 COMPONENTS program_options)
 hpc_train_require(Boost_FOUND "Boost.ProgramOptions >= 1.71"
@@ -34,12 +35,3 @@ hpc_train_require(Torch_FOUND "LibTorch"
   "Install libtorch-dev (CPU), or point Torch_DIR at a LibTorch with CUDA, e.g. the Python wheel's: python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'.")
 
 find_package(Threads REQUIRED)
-
-# HDF5's imported target arrived in CMake 3.19; build one from the module's variables otherwise.
-if(NOT TARGET HDF5::HDF5)
-  add_library(HDF5::HDF5 INTERFACE IMPORTED)
-  set_target_properties(HDF5::HDF5 PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES "${HDF5_INCLUDE_DIRS}"
-    INTERFACE_LINK_LIBRARIES "${HDF5_C_LIBRARIES}"
-    INTERFACE_COMPILE_DEFINITIONS "${HDF5_DEFINITIONS}")
-endif()

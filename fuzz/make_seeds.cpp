@@ -14,11 +14,11 @@
 #include <zlib.h>
 
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "example_checkpoints.h"
 #include "fuzz_support.h"
 #include "hdf5_recipe.h"
 #include "hpc_train/checkpoint.h"
@@ -147,53 +147,10 @@ void dataset_file_seeds() {
              }));
 }
 
-Checkpoint small_checkpoint(bool fp16) {
-  Checkpoint c;
-  c.model = "simple_cnn";
-  c.channels = 1;
-  c.height = 4;
-  c.width = 4;
-  c.num_classes = 10;
-  c.precision = fp16 ? "fp16" : "fp32";
-  c.zero_stage = 2;
-  c.world_size = 3;
-  c.config_ini = fp16 ? "[training]\nepochs = 2\n" : "";
-  c.position.global_step = 7;
-  c.position.micro_step = 14;
-  c.position.epoch = 1;
-  c.position.micro_steps_in_epoch = 3;
-  c.position.samples_in_epoch = 36;
-  c.position.micro_batch = 4;
-  c.position.grad_accum = 2;
-  c.loss_scaler_dynamic = fp16;
-  c.optimizer_steps = 7;
-  c.has_loss_scaler = fp16;
-  c.loss_scaler.scale = 1024.0;
-  c.loss_scaler.hysteresis_left = 2;
-  c.loss_scaler.steps = 7;
-  c.loss_scaler.last_overflow_step = -1;
-  c.rng_state = fp16 ? std::vector<uint8_t>{1, 2, 3, 4, 5} : std::vector<uint8_t>{};
-  auto floats = [](std::vector<float> values) {
-    std::vector<uint8_t> bytes(values.size() * sizeof(float));
-    std::memcpy(bytes.data(), values.data(), bytes.size());
-    return bytes;
-  };
-  const int64_t batches = 5;
-  std::vector<uint8_t> count(sizeof batches);
-  std::memcpy(count.data(), &batches, sizeof batches);
-  c.model_state = {{"fc.weight", "F32", {2, 3}, floats({1, -2, 0.5f, 0, 3, -0.25f})},
-                   {"fc.bias", "F32", {2}, floats({0.125f, -1})},
-                   {"bn.num_batches_tracked", "I64", {}, count}};
-  c.master = {1, -2, 0.5f, 0, 3, -0.25f, 0.125f, -1};
-  c.exp_avg.assign(c.master.size(), 0.01f);
-  c.exp_avg_sq.assign(c.master.size(), 0.0001f);
-  return c;
-}
-
 void checkpoint_and_safetensors_seeds() {
   for (const bool fp16 : {false, true}) {
     const std::string name = fp16 ? "fp16" : "fp32";
-    const Checkpoint checkpoint = small_checkpoint(fp16);
+    const Checkpoint checkpoint = test_support::tiny_checkpoint(fp16);
     const std::string path = fuzz::scratch_path(name + ".h5");
     write_checkpoint(MPI_COMM_SELF, path, checkpoint, CheckpointWriteMode::kRankZero);
     write_seed("checkpoint", name, checked_recipe(path, [](const std::string& rebuilt) {
@@ -286,9 +243,9 @@ void config_ini_seeds() {
   changed.dataset_path = "data/cifar10.h5";
   changed.model = "resnet18";
   changed.drop_last = true;
-  changed.lr_schedule = "warmup-cosine";
+  changed.lr_schedule = LrScheduleKind::kWarmupCosine;
   changed.warmup_steps = 100;
-  changed.precision = "bf16";
+  changed.precision = Precision::kBf16;
   changed.zero_stage = 2;
   changed.bucket_mb = 12.5;
   changed.clip_grad = 1.0;

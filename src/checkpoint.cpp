@@ -15,9 +15,11 @@
 #include <set>
 #include <utility>
 
+#include "data/hdf5_attributes.h"
 #include "data/hdf5_util.h"
 #include "hpc_train/atomic_file.h"
 #include "hpc_train/checkpoint_files.h"
+#include "hpc_train/config_choices.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 #include "hpc_train/safetensors.h"
@@ -140,20 +142,6 @@ void make_directories(const std::string& directory) {
 
 // --- Writing (h5::Lock held) ---------------------------------------------------------------
 
-// A fixed-length string type of exactly `bytes` bytes (at least 1: HDF5 has no empty strings;
-// an empty value gets a null dataspace instead).
-h5::Type string_type(size_t bytes) {
-  h5::Type type(H5_CHECK(H5Tcopy(H5T_C_S1)));
-  H5_CHECK(H5Tset_size(type.get(), std::max<size_t>(bytes, 1)));
-  H5_CHECK(H5Tset_strpad(type.get(), H5T_STR_NULLPAD));
-  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  return type;
-}
-
-h5::Dataspace string_space(const std::string& value) {
-  return h5::Dataspace(H5_CHECK(H5Screate(value.empty() ? H5S_NULL : H5S_SCALAR)));
-}
-
 // Which part of the file this process writes. Under MPI-IO every rank makes the same metadata
 // calls (HDF5 requires it) and writes its share of the optimizer arrays; rank 0 alone writes the
 // small datasets.
@@ -166,28 +154,6 @@ struct WriterPart {
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(WriterPart part) : part_(part) {}
-
-  void integer_attribute(hid_t object, const char* name, int64_t value) const {
-    h5::Dataspace space(H5_CHECK(H5Screate(H5S_SCALAR)));
-    h5::Attribute attribute(
-        H5_CHECK(H5Acreate2(object, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-    H5_CHECK(H5Awrite(attribute.get(), H5T_NATIVE_INT64, &value));
-  }
-
-  void float_attribute(hid_t object, const char* name, double value) const {
-    h5::Dataspace space(H5_CHECK(H5Screate(H5S_SCALAR)));
-    h5::Attribute attribute(
-        H5_CHECK(H5Acreate2(object, name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-    H5_CHECK(H5Awrite(attribute.get(), H5T_NATIVE_DOUBLE, &value));
-  }
-
-  void string_attribute(hid_t object, const char* name, const std::string& value) const {
-    const h5::Type type = string_type(value.size());
-    const h5::Dataspace space = string_space(value);
-    h5::Attribute attribute(
-        H5_CHECK(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-    if (!value.empty()) H5_CHECK(H5Awrite(attribute.get(), type.get(), value.data()));
-  }
 
   h5::Group group(hid_t parent, const char* name, bool track_order = false) const {
     h5::PropertyList creation(H5_CHECK(H5Pcreate(H5P_GROUP_CREATE)));
@@ -288,16 +254,16 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
       const CheckpointWriter writer(part);
       const Checkpoint& c = checkpoint;
       h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
-      writer.string_attribute(root.get(), "format", kFormatName);
-      writer.integer_attribute(root.get(), "format_version", kCheckpointFormatVersion);
-      writer.string_attribute(root.get(), "model", c.model);
-      writer.string_attribute(root.get(), "precision", c.precision);
-      writer.integer_attribute(root.get(), "channels", c.channels);
-      writer.integer_attribute(root.get(), "height", c.height);
-      writer.integer_attribute(root.get(), "width", c.width);
-      writer.integer_attribute(root.get(), "num_classes", c.num_classes);
-      writer.integer_attribute(root.get(), "zero_stage", c.zero_stage);
-      writer.integer_attribute(root.get(), "world_size", c.world_size);
+      h5::write_fixed_string_attribute(root.get(), "format", kFormatName);
+      h5::write_integer_attribute(root.get(), "format_version", kCheckpointFormatVersion);
+      h5::write_fixed_string_attribute(root.get(), "model", c.model);
+      h5::write_fixed_string_attribute(root.get(), "precision", c.precision);
+      h5::write_integer_attribute(root.get(), "channels", c.channels);
+      h5::write_integer_attribute(root.get(), "height", c.height);
+      h5::write_integer_attribute(root.get(), "width", c.width);
+      h5::write_integer_attribute(root.get(), "num_classes", c.num_classes);
+      h5::write_integer_attribute(root.get(), "zero_stage", c.zero_stage);
+      h5::write_integer_attribute(root.get(), "world_size", c.world_size);
 
       const h5::Group model = writer.group(root.get(), "model", /*track_order=*/true);
       for (const CheckpointTensor& tensor : c.model_state) {
@@ -311,24 +277,24 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
       }
 
       const h5::Group optimizer = writer.group(root.get(), "optimizer");
-      writer.integer_attribute(optimizer.get(), "steps", c.optimizer_steps);
+      h5::write_integer_attribute(optimizer.get(), "steps", c.optimizer_steps);
       writer.shared_floats(optimizer.get(), "master", c.master, crc32_of(c.master));
       writer.shared_floats(optimizer.get(), "exp_avg", c.exp_avg, crc32_of(c.exp_avg));
       writer.shared_floats(optimizer.get(), "exp_avg_sq", c.exp_avg_sq, crc32_of(c.exp_avg_sq));
 
       const h5::Group training = writer.group(root.get(), "training");
-      writer.integer_attribute(training.get(), "global_step", c.position.global_step);
-      writer.integer_attribute(training.get(), "micro_step", c.position.micro_step);
-      writer.integer_attribute(training.get(), "epoch", c.position.epoch);
-      writer.integer_attribute(training.get(), "micro_steps_in_epoch",
+      h5::write_integer_attribute(training.get(), "global_step", c.position.global_step);
+      h5::write_integer_attribute(training.get(), "micro_step", c.position.micro_step);
+      h5::write_integer_attribute(training.get(), "epoch", c.position.epoch);
+      h5::write_integer_attribute(training.get(), "micro_steps_in_epoch",
                                c.position.micro_steps_in_epoch);
-      writer.integer_attribute(training.get(), "skipped_steps", c.position.skipped_steps);
-      writer.integer_attribute(training.get(), "samples_in_epoch", c.position.samples_in_epoch);
-      writer.integer_attribute(training.get(), "micro_batch", c.position.micro_batch);
-      writer.integer_attribute(training.get(), "grad_accum", c.position.grad_accum);
+      h5::write_integer_attribute(training.get(), "skipped_steps", c.position.skipped_steps);
+      h5::write_integer_attribute(training.get(), "samples_in_epoch", c.position.samples_in_epoch);
+      h5::write_integer_attribute(training.get(), "micro_batch", c.position.micro_batch);
+      h5::write_integer_attribute(training.get(), "grad_accum", c.position.grad_accum);
       {
-        const h5::Type type = string_type(c.config_ini.size());
-        const h5::Dataspace space = string_space(c.config_ini);
+        const h5::Type type = h5::fixed_string_type(c.config_ini.size());
+        const h5::Dataspace space = h5::fixed_string_space(c.config_ini);
         writer.small_dataset(training.get(), "config_ini", type.get(), type.get(), space.get(),
                              c.config_ini.data(),
                              crc32_of(c.config_ini.data(), c.config_ini.size()));
@@ -341,14 +307,14 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
       }
 
       const h5::Group scaler = writer.group(root.get(), "loss_scaler");
-      writer.integer_attribute(scaler.get(), "enabled", c.has_loss_scaler ? 1 : 0);
-      writer.integer_attribute(scaler.get(), "dynamic", c.loss_scaler_dynamic ? 1 : 0);
-      writer.float_attribute(scaler.get(), "scale", c.loss_scaler.scale);
-      writer.integer_attribute(scaler.get(), "hysteresis_left", c.loss_scaler.hysteresis_left);
-      writer.integer_attribute(scaler.get(), "steps", c.loss_scaler.steps);
-      writer.integer_attribute(scaler.get(), "last_overflow_step",
+      h5::write_integer_attribute(scaler.get(), "enabled", c.has_loss_scaler ? 1 : 0);
+      h5::write_integer_attribute(scaler.get(), "dynamic", c.loss_scaler_dynamic ? 1 : 0);
+      h5::write_double_attribute(scaler.get(), "scale", c.loss_scaler.scale);
+      h5::write_integer_attribute(scaler.get(), "hysteresis_left", c.loss_scaler.hysteresis_left);
+      h5::write_integer_attribute(scaler.get(), "steps", c.loss_scaler.steps);
+      h5::write_integer_attribute(scaler.get(), "last_overflow_step",
                                c.loss_scaler.last_overflow_step);
-      writer.integer_attribute(scaler.get(), "skipped_steps", c.loss_scaler.skipped_steps);
+      h5::write_integer_attribute(scaler.get(), "skipped_steps", c.loss_scaler.skipped_steps);
     }
     // Under MPI-IO the flush syncs every rank's writes (MPI_File_sync); the close does not.
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
@@ -367,43 +333,9 @@ class CheckpointReader {
  public:
   explicit CheckpointReader(uint64_t file_bytes) : file_bytes_(file_bytes) {}
 
-  bool has_attribute(hid_t object, const char* name) const {
-    return H5_CHECK(H5Aexists(object, name)) > 0;
-  }
-
-  int64_t integer(hid_t object, const std::string& where, const char* name) const {
-    const Opened a = open_attribute(object, where, name);
-    if (H5Tget_class(a.type.get()) != H5T_INTEGER || a.points != 1)
-      throw DataError("attribute '" + std::string(name) + "' of " + where + " is not one integer");
-    int64_t value = 0;
-    H5_CHECK(H5Aread(a.attribute.get(), H5T_NATIVE_INT64, &value));
-    return value;
-  }
-
-  int small_integer(hid_t object, const std::string& where, const char* name) const {
-    const int64_t value = integer(object, where, name);
-    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max())
-      throw DataError("attribute '" + std::string(name) + "' of " + where + " = " +
-                      std::to_string(value) + " is out of range");
-    return static_cast<int>(value);
-  }
-
-  double real(hid_t object, const std::string& where, const char* name) const {
-    const Opened a = open_attribute(object, where, name);
-    if (H5Tget_class(a.type.get()) != H5T_FLOAT || a.points != 1)
-      throw DataError("attribute '" + std::string(name) + "' of " + where + " is not one float");
-    double value = 0;
-    H5_CHECK(H5Aread(a.attribute.get(), H5T_NATIVE_DOUBLE, &value));
-    return value;
-  }
-
-  std::string string(hid_t object, const std::string& where, const char* name) const {
-    const Opened a = open_attribute(object, where, name);
-    h5::Dataspace space(H5_CHECK(H5Aget_space(a.attribute.get())));
-    const std::string what = "attribute '" + std::string(name) + "' of " + where;
-    std::string value = string_storage(a.type.get(), space.get(), what);
-    if (!value.empty()) H5_CHECK(H5Aread(a.attribute.get(), a.type.get(), value.data()));
-    return value;
+  // The attributes of `object`, named `where` in messages.
+  h5::AttributeReader attributes(hid_t object, const std::string& where) const {
+    return h5::AttributeReader(object, where, "", file_bytes_);
   }
 
   h5::Group group(hid_t file, const char* name) const {
@@ -439,7 +371,7 @@ class CheckpointReader {
   // Reads `elements` elements of `element_bytes` as `memory_type` and checks the crc32.
   std::vector<uint8_t> data(hid_t dataset, const std::string& where, hid_t memory_type,
                             uint64_t elements, size_t element_bytes) const {
-    std::vector<uint8_t> bytes(checked_bytes(elements, element_bytes, where));
+    std::vector<uint8_t> bytes(h5::checked_bytes(elements, element_bytes, file_bytes_, where));
     if (!bytes.empty())
       H5_CHECK(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
     verify_checksum(dataset, where, bytes.data(), bytes.size());
@@ -453,7 +385,8 @@ class CheckpointReader {
     const std::vector<int64_t> dims = shape(d.get(), where);
     if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4 || dims.size() != 1)
       throw DataError(where + " must be a 1-D array of 32-bit floats");
-    std::vector<float> values(checked_bytes(dims[0], sizeof(float), where) / sizeof(float));
+    std::vector<float> values(h5::checked_bytes(dims[0], sizeof(float), file_bytes_, where) /
+                              sizeof(float));
     if (!values.empty())
       H5_CHECK(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
     verify_checksum(d.get(), where, values.data(), values.size() * sizeof(float));
@@ -465,7 +398,7 @@ class CheckpointReader {
     const h5::Dataset d = dataset(group, group_name, name);
     h5::Type type(H5_CHECK(H5Dget_type(d.get())));
     h5::Dataspace space(H5_CHECK(H5Dget_space(d.get())));
-    std::string value = string_storage(type.get(), space.get(), where);
+    std::string value = h5::fixed_string_buffer(type.get(), space.get(), where, file_bytes_);
     if (!value.empty())
       H5_CHECK(H5Dread(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, value.data()));
     verify_checksum(d.get(), where, value.data(), value.size());
@@ -495,45 +428,9 @@ class CheckpointReader {
   }
 
  private:
-  struct Opened {
-    h5::Attribute attribute;
-    h5::Type type;
-    hssize_t points = 0;
-  };
-
-  Opened open_attribute(hid_t object, const std::string& where, const char* name) const {
-    if (!has_attribute(object, name))
-      throw DataError("missing attribute '" + std::string(name) + "' on " + where);
-    Opened a;
-    a.attribute = h5::Attribute(H5_CHECK(H5Aopen(object, name, H5P_DEFAULT)));
-    a.type = h5::Type(H5_CHECK(H5Aget_type(a.attribute.get())));
-    h5::Dataspace space(H5_CHECK(H5Aget_space(a.attribute.get())));
-    a.points = H5_CHECK(H5Sget_simple_extent_npoints(space.get()));
-    return a;
-  }
-
-  // A buffer of the right size for a string as string_type/string_space store it.
-  std::string string_storage(hid_t type, hid_t space, const std::string& what) const {
-    if (H5Tget_class(type) != H5T_STRING || H5_CHECK(H5Tis_variable_str(type)) > 0)
-      throw DataError(what + " is not a fixed-length string");
-    const H5S_class_t space_class = H5Sget_simple_extent_type(space);
-    if (space_class == H5S_NULL) return "";
-    if (space_class != H5S_SCALAR) throw DataError(what + " is not a single string");
-    return std::string(checked_bytes(H5Tget_size(type), 1, what), '\0');
-  }
-
-  // elements x element_bytes, refused when it cannot fit in the file (a corrupt shape).
-  size_t checked_bytes(uint64_t elements, size_t element_bytes, const std::string& where) const {
-    if (elements > file_bytes_ / element_bytes)
-      throw DataError(where + " claims " + std::to_string(elements) + " elements of " +
-                      std::to_string(element_bytes) + " bytes, more than the file's " +
-                      std::to_string(file_bytes_) + " bytes");
-    return static_cast<size_t>(elements * element_bytes);
-  }
-
   void verify_checksum(hid_t dataset, const std::string& where, const void* data,
                        size_t bytes) const {
-    const int64_t stored = integer(dataset, where, kChecksumAttribute);
+    const int64_t stored = attributes(dataset, where).integer(kChecksumAttribute);
     const uint32_t actual = crc32_of(data, bytes);
     if (stored != actual) {
       char text[96];
@@ -551,13 +448,14 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
   const CheckpointReader reader(file_bytes);
   Checkpoint c;
   h5::Group root(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT)));
-  if (!reader.has_attribute(root.get(), "format"))
+  const h5::AttributeReader root_attributes = reader.attributes(root.get(), "/");
+  if (!root_attributes.has("format"))
     throw DataError("not an hpc_train checkpoint: the root group has no attribute 'format'");
-  const std::string format = reader.string(root.get(), "/", "format");
+  const std::string format = root_attributes.fixed_string("format");
   if (format != kFormatName)
     throw DataError("not an hpc_train checkpoint: its format is \"" + format + "\", not \"" +
                     kFormatName + "\"");
-  c.format_version = reader.small_integer(root.get(), "/", "format_version");
+  c.format_version = root_attributes.small_integer("format_version");
   if (c.format_version < kOldestReadableCheckpointFormatVersion ||
       c.format_version > kCheckpointFormatVersion)
     throw DataError("format_version " + std::to_string(c.format_version) +
@@ -565,14 +463,14 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
                     std::to_string(kOldestReadableCheckpointFormatVersion) + " to " +
                     std::to_string(kCheckpointFormatVersion) + ")");
   const bool version1 = c.format_version == 1;
-  c.model = reader.string(root.get(), "/", "model");
-  c.precision = reader.string(root.get(), "/", "precision");
-  c.channels = reader.integer(root.get(), "/", "channels");
-  c.height = reader.integer(root.get(), "/", "height");
-  c.width = reader.integer(root.get(), "/", "width");
-  c.num_classes = reader.integer(root.get(), "/", "num_classes");
-  c.zero_stage = reader.small_integer(root.get(), "/", "zero_stage");
-  c.world_size = reader.small_integer(root.get(), "/", "world_size");
+  c.model = root_attributes.fixed_string("model");
+  c.precision = root_attributes.fixed_string("precision");
+  c.channels = root_attributes.integer("channels");
+  c.height = root_attributes.integer("height");
+  c.width = root_attributes.integer("width");
+  c.num_classes = root_attributes.integer("num_classes");
+  c.zero_stage = root_attributes.small_integer("zero_stage");
+  c.world_size = root_attributes.small_integer("world_size");
 
   {
     const h5::Group model = reader.group(file, "/model");
@@ -604,24 +502,24 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
   }
   {
     const h5::Group optimizer = reader.group(file, "/optimizer");
-    c.optimizer_steps = reader.integer(optimizer.get(), "/optimizer", "steps");
+    const h5::AttributeReader attributes = reader.attributes(optimizer.get(), "/optimizer");
+    c.optimizer_steps = attributes.integer("steps");
     c.master = reader.floats(optimizer.get(), "/optimizer", "master");
     c.exp_avg = reader.floats(optimizer.get(), "/optimizer", "exp_avg");
     c.exp_avg_sq = reader.floats(optimizer.get(), "/optimizer", "exp_avg_sq");
   }
   {
     const h5::Group training = reader.group(file, "/training");
-    c.position.global_step = reader.integer(training.get(), "/training", "global_step");
-    c.position.micro_step = reader.integer(training.get(), "/training", "micro_step");
-    c.position.epoch = reader.integer(training.get(), "/training", "epoch");
-    c.position.micro_steps_in_epoch =
-        reader.integer(training.get(), "/training", "micro_steps_in_epoch");
-    c.position.skipped_steps = reader.integer(training.get(), "/training", "skipped_steps");
+    const h5::AttributeReader attributes = reader.attributes(training.get(), "/training");
+    c.position.global_step = attributes.integer("global_step");
+    c.position.micro_step = attributes.integer("micro_step");
+    c.position.epoch = attributes.integer("epoch");
+    c.position.micro_steps_in_epoch = attributes.integer("micro_steps_in_epoch");
+    c.position.skipped_steps = attributes.integer("skipped_steps");
     // Version 1 did not record them (checkpoint.h says what stands in for them).
-    c.position.samples_in_epoch =
-        version1 ? -1 : reader.integer(training.get(), "/training", "samples_in_epoch");
-    c.position.micro_batch = version1 ? 0 : reader.integer(training.get(), "/training", "micro_batch");
-    c.position.grad_accum = version1 ? 0 : reader.integer(training.get(), "/training", "grad_accum");
+    c.position.samples_in_epoch = version1 ? -1 : attributes.integer("samples_in_epoch");
+    c.position.micro_batch = version1 ? 0 : attributes.integer("micro_batch");
+    c.position.grad_accum = version1 ? 0 : attributes.integer("grad_accum");
     c.config_ini = reader.text(training.get(), "/training", "config_ini");
     const h5::Dataset rng = reader.dataset(training.get(), "/training", "rng_state");
     h5::Type type(H5_CHECK(H5Dget_type(rng.get())));
@@ -633,16 +531,14 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
   }
   {
     const h5::Group scaler = reader.group(file, "/loss_scaler");
-    c.has_loss_scaler = reader.integer(scaler.get(), "/loss_scaler", "enabled") != 0;
-    c.loss_scaler_dynamic =
-        version1 ? c.has_loss_scaler : reader.integer(scaler.get(), "/loss_scaler", "dynamic") != 0;
-    c.loss_scaler.scale = reader.real(scaler.get(), "/loss_scaler", "scale");
-    c.loss_scaler.hysteresis_left =
-        reader.small_integer(scaler.get(), "/loss_scaler", "hysteresis_left");
-    c.loss_scaler.steps = reader.integer(scaler.get(), "/loss_scaler", "steps");
-    c.loss_scaler.last_overflow_step =
-        reader.integer(scaler.get(), "/loss_scaler", "last_overflow_step");
-    c.loss_scaler.skipped_steps = reader.integer(scaler.get(), "/loss_scaler", "skipped_steps");
+    const h5::AttributeReader attributes = reader.attributes(scaler.get(), "/loss_scaler");
+    c.has_loss_scaler = attributes.integer("enabled") != 0;
+    c.loss_scaler_dynamic = version1 ? c.has_loss_scaler : attributes.integer("dynamic") != 0;
+    c.loss_scaler.scale = attributes.real("scale");
+    c.loss_scaler.hysteresis_left = attributes.small_integer("hysteresis_left");
+    c.loss_scaler.steps = attributes.integer("steps");
+    c.loss_scaler.last_overflow_step = attributes.integer("last_overflow_step");
+    c.loss_scaler.skipped_steps = attributes.integer("skipped_steps");
   }
   const std::string problem = find_inconsistency(c);
   if (!problem.empty()) throw DataError(problem);
@@ -654,8 +550,9 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
 bool continues_loss_scaler(const Checkpoint& checkpoint,
                            const std::optional<LossScalerOptions>& run_scaling) {
   const bool run_dynamic = run_scaling && run_scaling->fixed_scale <= 0;
-  return run_dynamic && checkpoint.precision == "fp16" && checkpoint.has_loss_scaler &&
-         checkpoint.loss_scaler_dynamic;
+  // The file holds the precision's name (Note [Choice names] in config_choices.h).
+  return run_dynamic && parse_choice<Precision>(checkpoint.precision) == Precision::kFp16 &&
+         checkpoint.has_loss_scaler && checkpoint.loss_scaler_dynamic;
 }
 
 void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint) {

@@ -1,5 +1,5 @@
 // The Communicator's backend-independent half: Work, the choice of backend, the watchdog.
-// Scalars are in comm_mpi.cpp.
+// Scalars are in comm_mpi.cpp; whether NCCL exists, in comm_nccl.cpp (or comm_cpu.cpp).
 #include "hpc_train/comm.h"
 
 #include <ATen/ATen.h>
@@ -9,28 +9,17 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm_backend.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
-
-CommBackendKind parse_comm_backend(const std::string& name) {
-  if (name == "mpi") return CommBackendKind::kMpi;
-  if (name == "nccl") return CommBackendKind::kNccl;
-  if (name == "none") return CommBackendKind::kNone;
-  throw ConfigError("--backend " + name + ": use mpi, nccl, none (one rank) or auto");
-}
 
 const char* comm_backend_name(CommBackendKind kind) {
   return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
 }
 
-bool nccl_available() {
-#ifdef HPC_TRAIN_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Work::Work(Work&&) noexcept = default;
 
 Work::~Work() {
   // While an exception unwinds, the other ranks may never join this collective: waiting would
@@ -86,12 +75,7 @@ Communicator::Communicator(MPI_Comm comm, CommBackendKind backend, int cuda_devi
   } else if (backend == CommBackendKind::kMpi) {
     backend_ = make_mpi_backend(comm_);
   } else {
-#ifdef HPC_TRAIN_WITH_CUDA
-    backend_ = make_nccl_backend(comm_, cuda_device);
-#else
-    (void)cuda_device;
-    throw ConfigError("--backend nccl: this hpc_train was built with a LibTorch without CUDA");
-#endif
+    backend_ = make_nccl_backend(comm_, cuda_device);  // a build without CUDA throws ConfigError
   }
 }
 
@@ -100,6 +84,8 @@ Communicator::~Communicator() {
   if (backend_) backend_->set_watchdog(nullptr);
   watchdog_.reset();
 }
+
+double Communicator::timeout_s() const { return watchdog_ ? watchdog_->timeout_s() : 0.0; }
 
 void Communicator::set_timeout(double seconds) {
   if (!(seconds >= 0.0))
@@ -131,6 +117,23 @@ void Communicator::launch_captured(const std::function<void()>& launch) {
 
 void Communicator::watch(std::shared_ptr<WatchedOperation> operation) {
   if (watchdog_) watchdog_->watch(std::move(operation));
+}
+
+Work Communicator::all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) {
+  return backend_->all_reduce(tensor, op, label);
+}
+
+Work Communicator::broadcast(at::Tensor& tensor, int root, const std::string& label) {
+  return backend_->broadcast(tensor, root, label);
+}
+
+Work Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                                  const std::string& label) {
+  return backend_->reduce_scatter(input, output, op, label);
+}
+
+Work Communicator::all_gather_in_place(at::Tensor& buffer, const std::string& label) {
+  return backend_->all_gather_in_place(buffer, label);
 }
 
 // --- Note [Communication watchdog]

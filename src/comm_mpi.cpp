@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm_backend.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 
@@ -265,8 +266,8 @@ std::unique_ptr<CommBackend> make_mpi_backend(MPI_Comm comm) {
   return std::make_unique<MpiBackend>(comm);
 }
 
-// Scalars travel over MPI whatever the tensor backend, non-blocking so that the watchdog can
-// name a stalled one.
+// Host values travel over MPI whatever the tensor backend, non-blocking so that the watchdog can
+// name a stalled collective.
 double Communicator::all_reduce_scalar(double value, ReduceOp op, const std::string& label) {
   double result = value;
   MPI_Request request = MPI_REQUEST_NULL;
@@ -283,12 +284,45 @@ int64_t Communicator::all_reduce_count(int64_t value, ReduceOp op, const std::st
   return result;
 }
 
+void Communicator::all_reduce_doubles(std::vector<double>& values, ReduceOp op,
+                                      const std::string& label) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(),
+                           mpi_count(static_cast<int64_t>(values.size()), "all_reduce"),
+                           MPI_DOUBLE, mpi_op(op), comm_, &request));
+  make_work(request, watchdog_, "all_reduce", label,
+            static_cast<int64_t>(values.size() * sizeof(double))).wait();
+}
+
+std::vector<int64_t> Communicator::gather_count(int64_t value, int root, const std::string& label) {
+  std::vector<int64_t> values(rank_ == root ? size_ : 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Igather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, root, comm_,
+                        &request));
+  make_work(request, watchdog_, "gather", label, sizeof(int64_t)).wait();
+  return values;
+}
+
 void Communicator::broadcast_ints(std::vector<int>& values, int root, const std::string& label) {
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Ibcast(values.data(), mpi_count(static_cast<int64_t>(values.size()), "broadcast"),
                        MPI_INT, root, comm_, &request));
   make_work(request, watchdog_, "broadcast", label,
             static_cast<int64_t>(values.size() * sizeof(int))).wait();
+}
+
+// The length first, so that every rank can make room for the characters.
+std::string Communicator::broadcast_string(const std::string& value, int root,
+                                           const std::string& label) {
+  int64_t length = static_cast<int64_t>(value.size());
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &request));
+  make_work(request, watchdog_, "broadcast", label, sizeof(int64_t)).wait();
+  std::string result = rank_ == root ? value : std::string(static_cast<size_t>(length), '\0');
+  MPI_CHECK(MPI_Ibcast(result.data(), mpi_count(length, "broadcast"), MPI_CHAR, root, comm_,
+                       &request));
+  make_work(request, watchdog_, "broadcast", label, length).wait();
+  return result;
 }
 
 }  // namespace hpc_train

@@ -1,6 +1,7 @@
 // The NCCL backend of the Communicator (comm.h): GPU tensors, one NCCL communicator per
 // Communicator, bootstrapped over MPI, and a communication stream of its own. Built only when
-// LibTorch has CUDA; the only file that includes <nccl.h>.
+// LibTorch has CUDA (a build without has comm_cpu.cpp instead); the only file that includes
+// <nccl.h>.
 //
 // Note [Stream ordering]
 // An operation records an event on the caller's current stream (where the tensor was produced)
@@ -44,6 +45,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm_backend.h"
 #include "hpc_train/comm.h"
 #include "hpc_train/cuda_check.h"
 #include "hpc_train/error.h"
@@ -322,6 +324,8 @@ class NcclBackend : public CommBackend {
 };
 
 }  // namespace
+
+bool nccl_available() { return true; }
 
 std::unique_ptr<CommBackend> make_nccl_backend(MPI_Comm comm, int cuda_device) {
   return std::make_unique<NcclBackend>(comm, cuda_device);

@@ -5,6 +5,10 @@
 // line and the to_ini() line are all generated from that row, and its default is what TrainConfig{}
 // holds (config.h keeps every default in one place). A new option is a field in config.h and a
 // row here; a new field type is one more alternative in FieldPtr plus its parse/format overloads.
+// A choice (config_choices.h) is one more alternative too; its parse/format overloads are the
+// generic ones over its name table, so that a name no value has, e.g. --precision fp8, fails
+// here, naming the option, the value and the names that would work, on the command line and in
+// the INI file alike.
 //
 // Values go through Boost as text and are converted here, so that a malformed value gets a
 // message that names the option, the value and what would work, and no Boost exception escapes.
@@ -23,6 +27,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -32,6 +37,7 @@
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/model_names.h"
 #include "hpc_train/runtime.h"
 
 namespace hpc_train {
@@ -41,7 +47,11 @@ namespace po = boost::program_options;
 
 using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
                               int64_t TrainConfig::*, uint64_t TrainConfig::*,
-                              double TrainConfig::*>;
+                              double TrainConfig::*, Switch TrainConfig::*,
+                              OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
+                              WarmupType TrainConfig::*, Precision TrainConfig::*,
+                              DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
+                              ProgressStyle TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -65,6 +75,11 @@ const SectionSpec kSections[] = {{"data", "Data"},
                                  {"checkpoint", "Checkpoints"},
                                  {"output", "Output"}};
 
+// --model's help lists the registry's names (model_names.h), so that --help shows every model.
+const std::string kModelHelp = "a name in the model registry (" + model_names_text() +
+                               ") or a TorchScript file: a path ending in .pt or .pth, or holding "
+                               "a '/'";
+
 // Note [One table of options]
 const OptionSpec kOptions[] = {
     {"dataset", "data", &TrainConfig::dataset_path, "HDF5 dataset file (hpc_train_data makes one)"},
@@ -74,9 +89,7 @@ const OptionSpec kOptions[] = {
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
-    {"model", "model", &TrainConfig::model,
-     "a registry name (simple_cnn, resnet18, ...) or a TorchScript file: a path ending in .pt or "
-     ".pth, or holding a '/'"},
+    {"model", "model", &TrainConfig::model, kModelHelp.c_str()},
     {"init-weights", "model", &TrainConfig::init_weights,
      "start from this PyTorch state_dict (.safetensors), strictly: every tensor by name and shape"},
     {"init-weights-partial", "model", &TrainConfig::init_weights_partial,
@@ -192,6 +205,10 @@ std::string format_value(double value) {
   if (std::strtod(text, nullptr) != value) std::snprintf(text, sizeof text, "%.17g", value);
   return text;
 }
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string format_value(Choice value) {
+  return to_string(value);
+}
 
 std::string parse_value(const std::string& text, std::string& value) {
   value = text;
@@ -229,6 +246,13 @@ std::string parse_value(const std::string& text, double& value) {
   if (text.empty() || stop != text.c_str() + text.size()) return "expected a number like 0.001";
   if (errno == ERANGE && std::isinf(parsed)) return "out of range for a double";
   value = parsed;
+  return "";
+}
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string parse_value(const std::string& text, Choice& value) {
+  const std::optional<Choice> named = parse_choice<Choice>(text);
+  if (!named) return "must be " + choice_names<Choice>();
+  value = *named;
   return "";
 }
 
@@ -609,8 +633,6 @@ void validate(const TrainConfig& c) {
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be 0 (no limit) or more");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,
           "must be at least 1 (samples per rank per step)");
-  require(c.optimizer == "adamw" || c.optimizer == "adam", "optimizer", c.optimizer,
-          "must be adamw or adam");
   require(std::isfinite(c.lr) && c.lr > 0, "lr", c.lr, "must be a finite number > 0, e.g. 0.001");
   require(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "must be in [0, 1), e.g. 0.9");
   require(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "must be in [0, 1), e.g. 0.999");
@@ -621,13 +643,8 @@ void validate(const TrainConfig& c) {
           "must be at least 1 (micro-steps per optimizer step; 1 = no accumulation)");
   require(std::isfinite(c.clip_grad) && c.clip_grad >= 0, "clip-grad", c.clip_grad,
           "must be a finite number >= 0 (0 turns clipping off), e.g. 1.0");
-  require(c.lr_schedule == "constant" || c.lr_schedule == "warmup" ||
-              c.lr_schedule == "warmup-cosine",
-          "lr-schedule", c.lr_schedule, "must be constant, warmup or warmup-cosine");
   require(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps,
           "must be 0 (no warm-up) or more (optimizer steps)");
-  require(c.warmup_type == "linear" || c.warmup_type == "log", "warmup-type", c.warmup_type,
-          "must be linear or log");
   require(c.warmup_start_ratio >= 0 && c.warmup_start_ratio <= 1, "warmup-start-ratio",
           c.warmup_start_ratio, "must be in [0, 1] (a fraction of --lr), e.g. 0.1");
   require(c.cosine_final_ratio >= 0 && c.cosine_final_ratio <= 1, "cosine-final-ratio",
@@ -635,7 +652,7 @@ void validate(const TrainConfig& c) {
   require(c.schedule_steps >= 0, "schedule-steps", c.schedule_steps,
           "must be 0 (the cosine lasts the whole run) or more (optimizer steps)");
   // A cosine that would end before its warm-up does has no shape; 0 is resolved by the trainer.
-  require(c.lr_schedule != "warmup-cosine" || c.schedule_steps == 0 ||
+  require(c.lr_schedule != LrScheduleKind::kWarmupCosine || c.schedule_steps == 0 ||
               c.schedule_steps >= c.warmup_steps,
           "schedule-steps", c.schedule_steps,
           "the cosine would end before the warm-up (--warmup-steps " +
@@ -643,8 +660,6 @@ void validate(const TrainConfig& c) {
               std::to_string(c.warmup_steps) + ", or 0 for the whole run");
   require(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage,
           "must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not supported)");
-  require(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16", "precision",
-          c.precision, "must be fp32, fp16 or bf16");
   require(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "loss-scale", c.loss_scale,
           "must be 0 (dynamic) or a fixed scale > 0, e.g. 1024");
   require(c.initial_scale_power >= 0 && c.initial_scale_power <= 64, "initial-scale-power",
@@ -671,20 +686,10 @@ void validate(const TrainConfig& c) {
   require(c.first_bucket_mb >= kMinBucketMiB && c.first_bucket_mb <= kMaxBucketMiB,
           "first-bucket-mb", c.first_bucket_mb,
           "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 1");
-  require(c.device == "auto" || c.device == "cuda" || c.device == "cpu", "device", c.device,
-          "must be auto, cuda or cpu");
-  require(c.backend == "auto" || c.backend == "nccl" || c.backend == "mpi" || c.backend == "none",
-          "backend", c.backend, "must be auto, nccl, mpi or none (one rank, no communication)");
   require(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank,
           "must be 0 (the node's cores / ranks) or more");
-  require(c.augment == "auto" || c.augment == "on" || c.augment == "off", "augment", c.augment,
-          "must be auto, on or off");
-  require(c.resident_data == "auto" || c.resident_data == "on" || c.resident_data == "off",
-          "resident-data", c.resident_data, "must be auto, on or off");
   require(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s >= 0, "comm-timeout",
           c.comm_timeout_s, "must be 0 (no limit) or a number of seconds, e.g. 300");
-  require(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off", "cuda-graph",
-          c.cuda_graph, "must be auto, on or off");
   require(!(c.deterministic && c.cudnn_benchmark), "cudnn-benchmark", c.cudnn_benchmark,
           "cannot be combined with --deterministic (autotuning picks algorithms by timing)");
   require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
@@ -696,8 +701,6 @@ void validate(const TrainConfig& c) {
                                            ".safetensors"),
           "export-weights", c.export_weights, "must name a file ending in .safetensors");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");
-  require(c.progress == "auto" || c.progress == "bar" || c.progress == "lines", "progress",
-          c.progress, "must be auto, bar or lines");
 }
 
 // Note [Rank's share of the train split]: every rank gets the same number of samples an epoch
@@ -770,7 +773,7 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
                       "being read and its float32 copy), more than this node's " +
                       memory_text(memory) +
                       "; use a smaller --micro-batch or --prefetch");
-  if (input_on_host && c.resident_data == "on") {
+  if (input_on_host && c.resident_data == Switch::kOn) {
     const double split_bytes = static_cast<double>(n) * (sample_bytes + sizeof(int64_t));
     if (split_bytes > memory)
       throw ConfigError("--resident-data on: " + split + " of " + shape + " images needs " +
@@ -779,6 +782,8 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
                         "; use --resident-data off");
   }
 }
+
+bool resumes_newest_checkpoint(const TrainConfig& config) { return config.resume == "auto"; }
 
 // Note: Boost's INI parser has no escapes, so a string value with '#' (a comment there) or with
 // blanks at either end does not read back; the command line still accepts such values.

@@ -39,6 +39,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,10 @@ std::string show(int value) { return std::to_string(value); }
 std::string show(int64_t value) { return std::to_string(value); }
 // nlohmann prints the shortest text that reads back to the same double.
 std::string show(double value) { return json(value).dump(); }
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string show(Choice value) {
+  return to_string(value);
+}
 
 std::string ranks(int64_t count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
@@ -413,14 +418,16 @@ class Importer {
                         "keeps fp32's range and needs no loss scale; fp16 uses the fp16 block's "
                         "loss scaler)");
     }
-    const std::string precision = fp16_enabled ? "fp16" : bf16_enabled ? "bf16" : "fp32";
+    const Precision precision = fp16_enabled   ? Precision::kFp16
+                                : bf16_enabled ? Precision::kBf16
+                                               : Precision::kFp32;
     const char* key = fp16_enabled   ? "fp16.enabled"
                       : bf16_enabled ? "bf16.enabled"
                                      : "fp16/bf16 (neither enabled)";
     set("precision", key, &TrainConfig::precision, precision, enabled_in_file);
-    if (!scaler_keys_given.empty() && config_.precision != "fp16") {
+    if (!scaler_keys_given.empty() && config_.precision != Precision::kFp16) {
       warn(join(scaler_keys_given, ", ") + " take effect only with fp16; the precision is " +
-           config_.precision);
+           to_string(config_.precision));
     }
   }
 
@@ -470,7 +477,7 @@ class Importer {
     }
     const bool adamw = lower == "adamw" || adam_w_mode;
     set("optimizer", "optimizer.type", &TrainConfig::optimizer,
-        std::string(adamw ? "adamw" : "adam"));
+        adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam);
 
     set_number(params, "optimizer.params", "lr", "lr", &TrainConfig::lr, kDsAdamLr);
     if (const json* betas = member(params, "betas")) {
@@ -507,12 +514,14 @@ class Importer {
   void apply_warmup_type(const json& params) {
     const json* value = member(params, "warmup_type");
     const std::string type = value ? text(*value, "scheduler.params.warmup_type") : kDsWarmupType;
-    // DeepSpeed falls back to log with a printed warning; a typo should not change the schedule.
-    if (type != "log" && type != "linear") {
+    // DeepSpeed's names are hpc_train's. DeepSpeed falls back to log with a printed warning; a
+    // typo should not change the schedule.
+    const std::optional<WarmupType> warmup_type = parse_choice<WarmupType>(type);
+    if (!warmup_type) {
       throw ConfigError(where() + "'scheduler.params.warmup_type' \"" + type +
                         "\": must be \"log\" or \"linear\"");
     }
-    set("warmup-type", "scheduler.params.warmup_type", &TrainConfig::warmup_type, type,
+    set("warmup-type", "scheduler.params.warmup_type", &TrainConfig::warmup_type, *warmup_type,
         value != nullptr);
   }
 
@@ -545,7 +554,7 @@ class Importer {
                  {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                   "last_batch_iteration"});
       check_last_batch_iteration(params);
-      set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, std::string("warmup"));
+      set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kWarmup);
       // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
       if (const json* max_lr = member(params, "warmup_max_lr")) {
         const double lr = number(*max_lr, "scheduler.params.warmup_max_lr");
@@ -589,7 +598,7 @@ class Importer {
                           "at which the cosine ends; DeepSpeed requires it too)");
       }
       set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule,
-          std::string("warmup-cosine"));
+          LrScheduleKind::kWarmupCosine);
       set("schedule-steps", "scheduler.params.total_num_steps", &TrainConfig::schedule_steps,
           whole(*total, "scheduler.params.total_num_steps"));
       set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
@@ -669,7 +678,7 @@ class Importer {
 
     // DeepSpeed counts bucket sizes in ELEMENTS of the gradients' dtype, hpc_train in MiB: an
     // element is 2 bytes in fp16 and bf16 and 4 in fp32, so 5e8 elements are 953.7 MiB in fp16.
-    const double element_bytes = config_.precision == "fp32" ? 4.0 : 2.0;
+    const double element_bytes = config_.precision == Precision::kFp32 ? 4.0 : 2.0;
     std::optional<int64_t> reduce_elements;
     if (const json* reduce = member(block, "reduce_bucket_size")) {
       reduce_elements = whole(*reduce, "zero_optimization.reduce_bucket_size");

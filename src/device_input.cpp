@@ -10,28 +10,12 @@
 #include <string>
 #include <utility>
 
+#include "device_input_staging.h"
 #include "hpc_train/error.h"
-
-#ifdef HPC_TRAIN_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace hpc_train {
 
 namespace {
-
-// Rows of a slot's per-sample fields, an int64 [kFieldRows, size] block: one copy carries the
-// labels and the augmentation draws together.
-enum FieldRow : int64_t {
-  kLabelOrIndex = 0,  // the label; for a resident batch, the sample's index in the split
-  kCropTop = 1,       // the window's top row in the padded image, in [0, 2 * padding]
-  kCropLeft = 2,      // its left column, likewise
-  kFlip = 3,          // 1: mirror left-right
-  kFieldRows = 4,
-};
 
 // Bytes read per chunk while keep_split_resident() uploads a split: bounds host memory.
 constexpr int64_t kResidentUploadChunkBytes = int64_t{64} << 20;
@@ -97,19 +81,22 @@ std::string shape_text(at::IntArrayRef sizes) {
 
 }  // namespace
 
-AugmentOptions default_augmentation(const DatasetInfo& info, const std::string& setting) {
+AugmentOptions default_augmentation(const DatasetInfo& info, Switch setting) {
   AugmentOptions on;
   on.random_crop = true;
   on.horizontal_flip = true;
-  if (setting == "on") return on;
-  if (setting == "off") return AugmentOptions{};
-  if (setting == "auto") {
-    // Crop and flip are the standard recipe for CIFAR-like photos; for digits and clothing
-    // items centred on a blank background they change the classes' look, so they stay off.
-    const bool cifar_like = info.channels == 3 && info.height >= 32 && info.width >= 32;
-    return cifar_like ? on : AugmentOptions{};
+  switch (setting) {
+    case Switch::kOn:
+      return on;
+    case Switch::kOff:
+      return AugmentOptions{};
+    case Switch::kAuto:
+      break;
   }
-  throw ConfigError("--augment " + setting + ": use auto, on or off");
+  // Crop and flip are the standard recipe for CIFAR-like photos; for digits and clothing items
+  // centred on a blank background they change the classes' look, so they stay off.
+  const bool cifar_like = info.channels == 3 && info.height >= 32 && info.width >= 32;
+  return cifar_like ? on : AugmentOptions{};
 }
 
 int64_t resident_split_bytes(const DatasetInfo& info, Split split) {
@@ -127,18 +114,10 @@ int64_t resident_split_bytes(const DatasetInfo& info, Split split) {
 //   take(): the current (compute) stream waits for `copied` on the device, reads the device
 //     buffers into new tensors, and records `consumed`.
 // So there is no host synchronisation per batch, and the copy of batch k+1 runs while the
-// compute stream is busy with batch k.
+// compute stream is busy with batch k. The copies and events are the build's StagingCopies
+// (device_input_staging.h).
 struct DeviceInput::Impl {
-  struct Slot {
-    at::Tensor host_images;    // [max_batch_size, C, H, W] uint8
-    at::Tensor host_fields;    // [kFieldRows * max_batch_size] int64
-    at::Tensor device_images;  // the same tensors as the host ones on the CPU
-    at::Tensor device_fields;
-    int64_t size = 0;          // samples of the batch staged here
-    bool resident = false;     // images come from the resident split, not from host_images
-    int64_t epoch = 0;         // for messages
-    int64_t index_in_epoch = 0;
-  };
+  using Slot = StagingSlot;
 
   DatasetInfo info;
   c10::Device device;
@@ -154,11 +133,7 @@ struct DeviceInput::Impl {
   int64_t taken = 0;
   at::Tensor resident_images;  // [split size, C, H, W] uint8 on the device, or undefined
   at::Tensor resident_labels;  // [split size] int64
-#ifdef HPC_TRAIN_WITH_CUDA
-  std::optional<c10::cuda::CUDAStream> copy_stream;  // engaged when the device is a GPU
-  std::array<at::cuda::CUDAEvent, kStagingSlots> copied;
-  std::array<at::cuda::CUDAEvent, kStagingSlots> consumed;
-#endif
+  std::optional<StagingCopies> copies;  // the build's (device_input_staging.h); set at once
 
   Impl(const DatasetInfo& dataset, c10::Device where, c10::ScalarType model_dtype,
        AugmentOptions augmentation, uint64_t augment_seed, int this_rank, int64_t max_batch)
@@ -175,7 +150,7 @@ struct DeviceInput::Impl {
       throw Error("DeviceInput: the dataset has " + std::to_string(info.channels) +
                   " channels but " + std::to_string(info.mean.size()) + " means and " +
                   std::to_string(info.std.size()) + " standard deviations");
-    start_streams();
+    copies.emplace(device);
     const at::TensorOptions on_device = at::TensorOptions().device(device);
     mean = at::tensor(info.mean, at::kFloat).view({1, info.channels, 1, 1}).to(device);
     std = at::tensor(info.std, at::kFloat).view({1, info.channels, 1, 1}).to(device);
@@ -203,7 +178,7 @@ struct DeviceInput::Impl {
       throw Error("DeviceInput::prepare: a batch of " + std::to_string(size) +
                   " samples; expected 1 to " + std::to_string(max_batch_size));
     const int index = static_cast<int>(prepared % kStagingSlots);
-    wait_host_buffers_free(index);
+    copies->wait_host_buffers_free(index);
     return slots[index];
   }
 
@@ -228,7 +203,7 @@ struct DeviceInput::Impl {
 
   void finish_prepare(Slot& slot) {
     write_draws(slot);
-    start_copy(static_cast<int>(prepared % kStagingSlots));
+    copies->start_copy(static_cast<int>(prepared % kStagingSlots), slot);
     ++prepared;
   }
 
@@ -310,7 +285,7 @@ struct DeviceInput::Impl {
   // slot, then calls finish_take().
   std::pair<at::Tensor, at::Tensor> read_oldest() {
     Slot& slot = slots[taken % kStagingSlots];
-    order_after_copy(static_cast<int>(taken % kStagingSlots));
+    copies->order_after_copy(static_cast<int>(taken % kStagingSlots));
     const at::Tensor fields = slot.device_fields.narrow(0, 0, kFieldRows * slot.size)
                                   .view({kFieldRows, slot.size});
     at::Tensor images, labels;
@@ -331,7 +306,7 @@ struct DeviceInput::Impl {
   }
 
   void finish_take() {
-    release_after_use(static_cast<int>(taken % kStagingSlots));
+    copies->release_after_use(static_cast<int>(taken % kStagingSlots));
     ++taken;
   }
 
@@ -378,76 +353,7 @@ struct DeviceInput::Impl {
     static_labels.copy_(labels);
     finish_take();
   }
-
-  // The hooks of Note [Staging ring]; defined below, per build.
-  void start_streams();
-  void wait_host_buffers_free(int slot_index);
-  void start_copy(int slot_index);
-  void order_after_copy(int slot_index);
-  void release_after_use(int slot_index);
-  void wait_for_copies() noexcept;
 };
-
-#ifdef HPC_TRAIN_WITH_CUDA
-
-void DeviceInput::Impl::start_streams() {
-  if (!device.is_cuda()) return;
-  if (!device.has_index()) device = c10::Device(c10::kCUDA, c10::cuda::current_device());
-  copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-}
-
-void DeviceInput::Impl::wait_host_buffers_free(int slot_index) {
-  if (copy_stream) copied[slot_index].synchronize();
-}
-
-void DeviceInput::Impl::start_copy(int slot_index) {
-  if (!copy_stream) return;
-  Slot& slot = slots[slot_index];
-  c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream);
-  consumed[slot_index].block(*copy_stream);
-  if (!slot.resident)
-    slot.device_images.narrow(0, 0, slot.size)
-        .copy_(slot.host_images.narrow(0, 0, slot.size), /*non_blocking=*/true);
-  const int64_t fields = kFieldRows * slot.size;
-  slot.device_fields.narrow(0, 0, fields)
-      .copy_(slot.host_fields.narrow(0, 0, fields), /*non_blocking=*/true);
-  copied[slot_index].record(*copy_stream);
-}
-
-void DeviceInput::Impl::order_after_copy(int slot_index) {
-  if (copy_stream) copied[slot_index].block(c10::cuda::getCurrentCUDAStream(device.index()));
-}
-
-void DeviceInput::Impl::release_after_use(int slot_index) {
-  if (copy_stream) consumed[slot_index].record(c10::cuda::getCurrentCUDAStream(device.index()));
-}
-
-// The device buffers return to the caching allocator for reuse on the stream they were made
-// on, which knows nothing of the copy stream: no copy may still be writing them.
-void DeviceInput::Impl::wait_for_copies() noexcept {
-  if (!copy_stream) return;
-  for (at::cuda::CUDAEvent& event : copied) {
-    try {
-      event.synchronize();
-    } catch (...) {  // destructors never throw; a CUDA error here resurfaces at the next call
-    }
-  }
-}
-
-#else  // The CPU build: the host buffers are the device buffers; nothing to copy or order.
-
-void DeviceInput::Impl::start_streams() {
-  if (!device.is_cpu())
-    throw Error("DeviceInput: device " + device.str() +
-                ", but this hpc_train was built with a LibTorch without CUDA");
-}
-void DeviceInput::Impl::wait_host_buffers_free(int) {}
-void DeviceInput::Impl::start_copy(int) {}
-void DeviceInput::Impl::order_after_copy(int) {}
-void DeviceInput::Impl::release_after_use(int) {}
-void DeviceInput::Impl::wait_for_copies() noexcept {}
-
-#endif
 
 DeviceInput::DeviceInput(const DatasetInfo& info, c10::Device device, c10::ScalarType dtype,
                          AugmentOptions augment, uint64_t seed, int rank,
@@ -455,7 +361,7 @@ DeviceInput::DeviceInput(const DatasetInfo& info, c10::Device device, c10::Scala
     : impl_(std::make_unique<Impl>(info, device, dtype, augment, seed, rank, max_batch_size)) {}
 
 DeviceInput::~DeviceInput() {
-  if (impl_) impl_->wait_for_copies();
+  if (impl_) impl_->copies->wait_for_copies();
 }
 
 void DeviceInput::prepare(const HostBatch& batch, int64_t epoch) { impl_->prepare(batch, epoch); }

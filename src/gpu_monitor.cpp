@@ -1,5 +1,6 @@
 // GPU monitoring (gpu_monitor.h). The only file that knows NVML; it declares the few NVML entry
-// points it uses itself, as NVML documents them, and loads them with dlopen.
+// points it uses itself, as NVML documents them, and loads them with dlopen. What it asks CUDA
+// is in gpu_monitor_cuda.cpp (gpu_monitor_cpu.cpp in a build without CUDA).
 #include "hpc_train/gpu_monitor.h"
 
 #include <dlfcn.h>
@@ -13,12 +14,8 @@
 #include <mutex>
 #include <thread>
 
-#include "hpc_train/error.h"
-
-#ifdef HPC_TRAIN_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime.h>
-#endif
+#include "gpu_monitor_device.h"
+#include "hpc_train/comm.h"
 
 namespace hpc_train {
 
@@ -146,26 +143,14 @@ class GpuMonitor::Impl {
   // CUDA_VISIBLE_DEVICES renumbers the GPUs for CUDA, not for NVML: the PCI bus id is what both
   // agree on.
   bool find_device(int cuda_device) {
-#ifdef HPC_TRAIN_WITH_CUDA
-    char bus_id[32] = {};
-    const cudaError_t cuda_rc = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), cuda_device);
-    if (cuda_rc != cudaSuccess) {
-      reason_ = "cudaDeviceGetPCIBusId(" + std::to_string(cuda_device) +
-                ") failed: " + cudaGetErrorString(cuda_rc);
-      return false;
-    }
-    const NvmlReturn rc = handle_by_pci_bus_id_(bus_id, &device_);
+    const std::string bus_id = cuda_pci_bus_id(cuda_device, reason_);
+    if (bus_id.empty()) return false;
+    const NvmlReturn rc = handle_by_pci_bus_id_(bus_id.c_str(), &device_);
     if (rc != kNvmlSuccess) {
-      reason_ = std::string("nvmlDeviceGetHandleByPciBusId_v2(") + bus_id + ") failed: " +
-                error_string_(rc);
+      reason_ = "nvmlDeviceGetHandleByPciBusId_v2(" + bus_id + ") failed: " + error_string_(rc);
       return false;
     }
     return true;
-#else
-    (void)cuda_device;
-    reason_ = "this hpc_train was built without CUDA";
-    return false;
-#endif
   }
 
   Reading read() const {
@@ -247,45 +232,18 @@ const std::string& GpuMonitor::unavailable_reason() const {
 
 GpuSample GpuMonitor::take_interval() { return impl_ ? impl_->take_interval() : GpuSample{}; }
 
-#ifdef HPC_TRAIN_WITH_CUDA
-// Index 0 of a StatArray is the aggregate over the small and large pools (StatType::AGGREGATE,
-// whose namespace differs between LibTorch 1.13 and 2.x, hence the number).
-constexpr size_t kAggregateStat = 0;
-
-int64_t allocator_peak_bytes(int cuda_device) {
-  const auto stats =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(cuda_device));
-  return stats.allocated_bytes[kAggregateStat].peak;
-}
-
-void reset_allocator_peak(int cuda_device) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(cuda_device));
-}
-
-std::string cuda_device_name(int cuda_device) {
-  cudaDeviceProp properties{};
-  if (cudaGetDeviceProperties(&properties, cuda_device) != cudaSuccess) return {};
-  return properties.name;
-}
-#else
-int64_t allocator_peak_bytes(int) { return 0; }
-void reset_allocator_peak(int) {}
-std::string cuda_device_name(int) { return {}; }
-#endif
-
 // MPI has no min-and-max in one operation: the max of (v, -v) gives max v and -min v, one
 // collective instead of two. A NaN (left out) enters both halves as -infinity.
-std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, MPI_Comm comm) {
+std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, Communicator& comm,
+                                       const std::string& label) {
   const size_t n = values.size();
   constexpr double kLeftOut = -std::numeric_limits<double>::infinity();
-  std::vector<double> local(2 * n);
+  std::vector<double> global(2 * n);  // this rank's, until reduced
   for (size_t i = 0; i < n; ++i) {
-    local[i] = std::isnan(values[i]) ? kLeftOut : values[i];
-    local[n + i] = std::isnan(values[i]) ? kLeftOut : -values[i];
+    global[i] = std::isnan(values[i]) ? kLeftOut : values[i];
+    global[n + i] = std::isnan(values[i]) ? kLeftOut : -values[i];
   }
-  std::vector<double> global(2 * n);
-  MPI_CHECK(MPI_Allreduce(local.data(), global.data(), static_cast<int>(2 * n), MPI_DOUBLE,
-                          MPI_MAX, comm));
+  comm.all_reduce_doubles(global, ReduceOp::kMax, label);
   std::vector<MinMax> result(n);
   for (size_t i = 0; i < n; ++i)
     if (global[i] != kLeftOut) result[i] = {-global[n + i], global[i]};
@@ -293,7 +251,7 @@ std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, MPI_Co
 }
 
 GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_bytes,
-                                MPI_Comm comm) {
+                                Communicator& comm) {
   // A rank without NVML samples is left out of the NVML figures, not counted as an idle GPU.
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const bool measured = sample.samples > 0;
@@ -302,7 +260,7 @@ GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_
        measured ? static_cast<double>(sample.memory_used_bytes) : nan,
        measured ? sample.power_w : nan, static_cast<double>(allocator_peak_bytes),
        static_cast<double>(sample.samples)},
-      comm);
+      comm, "GPU figures");
   GpuSpread result;
   result.utilization_pct = spread[0];
   result.memory_used_bytes = spread[1];
@@ -337,15 +295,6 @@ nlohmann::json GpuSpread::to_json() const {
           {"gpu_alloc_peak_bytes_max", allocator_peak_bytes.max}};
 }
 
-std::vector<int64_t> gather_at_root(int64_t value, MPI_Comm comm, int root) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_size(comm, &size));
-  std::vector<int64_t> values(rank == root ? size : 0);
-  MPI_CHECK(MPI_Gather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, root, comm));
-  return values;
-}
-
 // Dense peaks of the H100 SXM5, which the H200 SXM shares (same GH100 chip and clocks; the H200
 // differs in memory). NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), table
 // "NVIDIA H100 SXM5": FP16 and BF16 Tensor 989.4 TFLOPS, TF32 Tensor 494.7 TFLOPS (twice that
@@ -353,16 +302,20 @@ std::vector<int64_t> gather_at_root(int64_t value, MPI_Comm comm, int root) {
 // (https://www.nvidia.com/en-us/data-center/h200/) lists the sparse figures: BF16/FP16
 // 1,979 TFLOPS, TF32 989 TFLOPS, and FP32 67 TFLOPS. PCIe and NVL boards run lower clocks and
 // power, so they are not matched here.
-double peak_flops_per_s(const std::string& device_name, const std::string& precision) {
+double peak_flops_per_s(const std::string& device_name, Precision precision, bool fp32_as_tf32) {
   const bool hopper_sxm = (device_name.find("H100") != std::string::npos ||
                            device_name.find("H200") != std::string::npos) &&
                           device_name.find("GH200") == std::string::npos &&
                           device_name.find("PCIe") == std::string::npos &&
                           device_name.find("NVL") == std::string::npos;
   if (!hopper_sxm) return 0.0;
-  if (precision == "bf16" || precision == "fp16") return 989.4e12;
-  if (precision == "tf32") return 494.7e12;
-  if (precision == "fp32") return 66.9e12;
+  switch (precision) {
+    case Precision::kBf16:
+    case Precision::kFp16:
+      return 989.4e12;
+    case Precision::kFp32:
+      return fp32_as_tf32 ? 494.7e12 : 66.9e12;
+  }
   return 0.0;
 }
 

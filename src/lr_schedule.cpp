@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "hpc_train/error.h"
 
@@ -28,13 +29,7 @@ std::string format_number(double value) {
 
 }  // namespace
 
-LrSchedule::LrSchedule(const LrScheduleOptions& o) {
-  if (o.kind != "constant" && o.kind != "warmup" && o.kind != "warmup-cosine") {
-    throw ConfigError("--lr-schedule '" + o.kind + "': must be constant, warmup or warmup-cosine");
-  }
-  if (o.warmup_type != "linear" && o.warmup_type != "log") {
-    throw ConfigError("--warmup-type '" + o.warmup_type + "': must be linear or log");
-  }
+LrSchedule::LrSchedule(const LrScheduleParams& o) : params_(o) {
   if (o.warmup_steps < 0) {
     throw ConfigError("--warmup-steps " + std::to_string(o.warmup_steps) +
                       ": must be 0 (no warm-up) or more");
@@ -47,7 +42,7 @@ LrSchedule::LrSchedule(const LrScheduleOptions& o) {
     throw ConfigError("--cosine-final-ratio " + format_number(o.cosine_final_ratio) +
                       ": must be in [0, 1]");
   }
-  if (o.kind == "warmup-cosine") {
+  if (o.kind == LrScheduleKind::kWarmupCosine) {
     // --schedule-steps 0 means "the whole run": the trainer replaces it by the run's length
     // before it builds the schedule, so 0 here is a caller's mistake.
     if (o.total_steps < 1) {
@@ -61,15 +56,6 @@ LrSchedule::LrSchedule(const LrScheduleOptions& o) {
                         std::to_string(o.warmup_steps));
     }
   }
-  params_.kind = o.kind == "constant" ? LrScheduleKind::kConstant
-                 : o.kind == "warmup" ? LrScheduleKind::kWarmup
-                                      : LrScheduleKind::kWarmupCosine;
-  params_.warmup_type = o.warmup_type == "linear" ? WarmupType::kLinear : WarmupType::kLog;
-  params_.lr = o.lr;
-  params_.warmup_steps = o.warmup_steps;
-  params_.warmup_start_ratio = o.warmup_start_ratio;
-  params_.cosine_final_ratio = o.cosine_final_ratio;
-  params_.total_steps = o.total_steps;
 }
 
 }  // namespace hpc_train

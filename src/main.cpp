@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     TrainerOutput output;
     output.run_dir = config.run_dir;
     output.progress_bar =
-        config.progress == "bar" || (config.progress == "auto" && stdout_is_terminal());
+        config.progress == ProgressStyle::kBar ||
+        (config.progress == ProgressStyle::kAuto && stdout_is_terminal());
     std::unique_ptr<Trainer> trainer;
     run_agreed_phase(runtime, [&] {
       trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement);

@@ -2,28 +2,25 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
 #include <map>
+#include <stdexcept>
 
 #include "hpc_train/error.h"
+#include "hpc_train/model_zoo.h"
 #include "hpc_train/scripted_model.h"
 
 namespace hpc_train {
 
 namespace nn = torch::nn;
 
-namespace {
+namespace zoo {
 
-nn::Conv2dOptions conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
-  return nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false);
-}
-
-// Counting FLOPs (forward_flops_per_sample): 2 per multiply-accumulate.
 int64_t conv_output_size(int64_t input, int64_t kernel, int64_t stride, int64_t padding) {
   return (input + 2 * padding - kernel) / stride + 1;
 }
 
-// A square `kernel` convolution whose output is out_h x out_w x out_channels.
 double conv_flops(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t out_h,
                   int64_t out_w) {
   return 2.0 * static_cast<double>(out_h * out_w * out_channels) *
@@ -33,6 +30,31 @@ double conv_flops(int64_t in_channels, int64_t out_channels, int64_t kernel, int
 double linear_flops(int64_t in_features, int64_t out_features) {
   return 2.0 * static_cast<double>(in_features) * static_cast<double>(out_features);
 }
+
+// Note [torchvision's initialisation]
+void initialise_like_torchvision(nn::Module& model, LinearInit linear) {
+  // Called from constructors, before a shared_ptr owns the model: its children only (the model
+  // itself is none of these layers).
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (auto* conv = module->as<nn::Conv2d>()) {
+      nn::init::kaiming_normal_(conv->weight, 0.0, torch::kFanOut, torch::kReLU);
+      if (conv->bias.defined()) nn::init::zeros_(conv->bias);
+    } else if (auto* norm = module->as<nn::BatchNorm2d>()) {
+      nn::init::ones_(norm->weight);
+      nn::init::zeros_(norm->bias);
+    } else if (auto* fc = module->as<nn::Linear>(); fc && linear == LinearInit::kNormal) {
+      nn::init::normal_(fc->weight, 0.0, 0.01);
+      nn::init::zeros_(fc->bias);
+    }
+  }
+}
+
+}  // namespace zoo
+
+namespace {
+
+using zoo::conv_flops;
+using zoo::linear_flops;
 
 class SimpleCnn : public Model {
  public:
@@ -69,117 +91,77 @@ class SimpleCnn : public Model {
   nn::Linear fc1_{nullptr}, fc2_{nullptr};
 };
 
-// torchvision's BasicBlock: two 3x3 convolutions with batch norm, identity or 1x1 shortcut.
-class BasicBlockImpl : public nn::Module {
- public:
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
-    conv1_ = register_module("conv1", nn::Conv2d(conv3x3(in, out, stride)));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(out));
-    conv2_ = register_module("conv2", nn::Conv2d(conv3x3(out, out)));
-    bn2_ = register_module("bn2", nn::BatchNorm2d(out));
-    if (stride != 1 || in != out) {
-      downsample_ = register_module(
-          "downsample",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                         nn::BatchNorm2d(out)));
-    }
-  }
-
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto y = torch::relu(bn1_->forward(conv1_->forward(x)));
-    y = bn2_->forward(conv2_->forward(y));
-    return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
-  }
-
- private:
-  nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
-  nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr};
-  nn::Sequential downsample_{nullptr};
-};
-TORCH_MODULE(BasicBlock);
-
-class ResNet18 : public Model {
- public:
-  explicit ResNet18(const ModelShape& shape) {
-    conv1_ = register_module("conv1", nn::Conv2d(conv3x3(shape.channels, 64)));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(64));
-    int64_t in = 64;
-    const int64_t widths[4] = {64, 128, 256, 512};
-    for (int i = 0; i < 4; ++i) {
-      nn::Sequential layer;
-      layer->push_back(BasicBlock(in, widths[i], i == 0 ? 1 : 2));
-      layer->push_back(BasicBlock(widths[i], widths[i], 1));
-      layers_[i] = register_module("layer" + std::to_string(i + 1), layer);
-      in = widths[i];
-    }
-    fc_ = register_module("fc", nn::Linear(512, shape.num_classes));
-  }
-
-  // The layers of the constructor and BasicBlock, as arithmetic.
-  static double forward_flops(const ModelShape& shape) {
-    int64_t h = shape.height, w = shape.width, in = 64;
-    double flops = conv_flops(shape.channels, 64, 3, h, w);
-    for (int i = 0; i < 4; ++i) {
-      const int64_t width = 64 << i, stride = i == 0 ? 1 : 2;
-      h = conv_output_size(h, 3, stride, 1);
-      w = conv_output_size(w, 3, stride, 1);
-      flops += conv_flops(in, width, 3, h, w) + conv_flops(width, width, 3, h, w);  // block 1
-      if (stride != 1 || in != width) flops += conv_flops(in, width, 1, h, w);     // shortcut
-      flops += 2 * conv_flops(width, width, 3, h, w);                               // block 2
-      in = width;
-    }
-    return flops + linear_flops(512, shape.num_classes);
-  }
-
-  torch::Tensor forward(const torch::Tensor& images) override {
-    auto x = torch::relu(bn1_->forward(conv1_->forward(images)));
-    for (auto& layer : layers_) x = layer->forward(x);
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-    return fc_->forward(x);
-  }
-
- private:
-  nn::Conv2d conv1_{nullptr};
-  nn::BatchNorm2d bn1_{nullptr};
-  nn::Sequential layers_[4] = {nullptr, nullptr, nullptr, nullptr};
-  nn::Linear fc_{nullptr};
-};
-
 struct RegisteredModel {
   std::function<std::shared_ptr<Model>(const ModelShape&)> make;
   std::function<double(const ModelShape&)> forward_flops;
 };
 
+RegisteredModel resnet(zoo::ResidualBlock block, std::array<int64_t, 4> blocks, zoo::ResNetStem stem,
+                       zoo::Initialisation init = zoo::Initialisation::kTorchvision) {
+  const zoo::ResNetSpec spec{block, blocks, stem, init};
+  return {[spec](const ModelShape& s) { return zoo::make_resnet(spec, s); },
+          [spec](const ModelShape& s) { return zoo::resnet_forward_flops(spec, s); }};
+}
+
+RegisteredModel wide_resnet(int64_t depth, int64_t widen_factor) {
+  const zoo::WideResNetSpec spec{depth, widen_factor};
+  return {[spec](const ModelShape& s) { return zoo::make_wide_resnet(spec, s); },
+          [spec](const ModelShape& s) { return zoo::wide_resnet_forward_flops(spec, s); }};
+}
+
+RegisteredModel vgg_bn(zoo::VggConfig config) {
+  return {[config](const ModelShape& s) { return zoo::make_vgg_bn(config, s); },
+          [config](const ModelShape& s) { return zoo::vgg_bn_forward_flops(config, s); }};
+}
+
+// Note [Two ResNet stems]: torchvision's ResNets begin with a 7x7 stride-2 convolution and a
+// stride-2 max-pool, made for 224-pixel ImageNet images: on 32-pixel CIFAR images they leave
+// 8x8 maps before the first stage and 1x1 at the last. The CIFAR stem (3x3, stride 1, no
+// max-pool) keeps 32x32 into the first stage, and every parameter name and shape except conv1's
+// kernel. hpc_train's resnet18 has always been the CIFAR variant, and its runs, checkpoints and
+// benchmarks use that name, so a bare resnetNN is the CIFAR variant at every depth (resnet18 and
+// resnet34 compare like with like) and `_imagenet` marks torchvision's exact network, whose
+// weights (torchvision.models.resnetNN) load into it unchanged.
 const std::map<std::string, RegisteredModel>& registry() {
-  static const std::map<std::string, RegisteredModel> models = {
-      {"simple_cnn",
-       {[](const ModelShape& s) { return std::make_shared<SimpleCnn>(s); }, &SimpleCnn::forward_flops}},
-      {"resnet18",
-       {[](const ModelShape& s) { return std::make_shared<ResNet18>(s); }, &ResNet18::forward_flops}},
-  };
+  using zoo::ResidualBlock;
+  using zoo::ResNetStem;
+  static const std::map<std::string, RegisteredModel> models = [] {
+    const std::map<std::string, RegisteredModel> built = {
+        {"simple_cnn",
+         {[](const ModelShape& s) { return std::make_shared<SimpleCnn>(s); }, &SimpleCnn::forward_flops}},
+        {"resnet18", resnet(ResidualBlock::kBasic, {2, 2, 2, 2}, ResNetStem::kCifar,
+                            zoo::Initialisation::kLibTorchDefault)},
+        {"resnet34", resnet(ResidualBlock::kBasic, {3, 4, 6, 3}, ResNetStem::kCifar)},
+        {"resnet50", resnet(ResidualBlock::kBottleneck, {3, 4, 6, 3}, ResNetStem::kCifar)},
+        {"resnet18_imagenet", resnet(ResidualBlock::kBasic, {2, 2, 2, 2}, ResNetStem::kImageNet)},
+        {"resnet34_imagenet", resnet(ResidualBlock::kBasic, {3, 4, 6, 3}, ResNetStem::kImageNet)},
+        {"resnet50_imagenet",
+         resnet(ResidualBlock::kBottleneck, {3, 4, 6, 3}, ResNetStem::kImageNet)},
+        {"wide_resnet16_8", wide_resnet(16, 8)},
+        {"vgg11_bn", vgg_bn(zoo::VggConfig::kVgg11)},
+        {"vgg16_bn", vgg_bn(zoo::VggConfig::kVgg16)},
+    };
+    // --help lists model_names() (model_names.h, without LibTorch): the two must name the same
+    // models.
+    bool same = built.size() == model_names().size();
+    for (const std::string& name : model_names()) same = same && built.count(name) == 1;
+    if (!same) throw std::logic_error("model_names() and the model registry name different models");
+    return built;
+  }();
   return models;
 }
 
 // The registered model `name`, for a shape it can take; ConfigError otherwise.
 const RegisteredModel& find_model(const std::string& name, const ModelShape& shape) {
   const auto it = registry().find(name);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& entry : registry()) known += (known.empty() ? "" : ", ") + entry.first;
-    throw ConfigError("--model " + name + ": unknown model; known models: " + known);
-  }
+  if (it == registry().end())
+    throw ConfigError("--model " + name + ": unknown model; known models: " + model_names_text());
   if (shape.channels < 1 || shape.num_classes < 2)
     throw ConfigError("model " + name + ": the dataset must have at least 1 channel and 2 classes");
   return it->second;
 }
 
 }  // namespace
-
-std::vector<std::string> model_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : registry()) names.push_back(entry.first);
-  return names;
-}
 
 std::shared_ptr<Model> make_model(const std::string& name, const ModelShape& shape) {
   return find_model(name, shape).make(shape);

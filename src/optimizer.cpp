@@ -4,15 +4,11 @@
 
 #include <cmath>
 
-#include "hpc_train/error.h"
-
 namespace hpc_train {
 
-AdamOptions adam_options(const std::string& optimizer, double lr, double beta1, double beta2,
+AdamOptions adam_options(OptimizerKind optimizer, double lr, double beta1, double beta2,
                          double eps, double weight_decay) {
-  if (optimizer != "adamw" && optimizer != "adam")
-    throw ConfigError("--optimizer " + optimizer + ": unknown optimizer; use adamw or adam");
-  return AdamOptions{lr, beta1, beta2, eps, weight_decay, optimizer == "adamw"};
+  return AdamOptions{lr, beta1, beta2, eps, weight_decay, optimizer == OptimizerKind::kAdamW};
 }
 
 void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_avg,

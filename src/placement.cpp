@@ -55,20 +55,20 @@ const char* verb_s(const std::vector<int>& ranks, const char* singular, const ch
 }
 
 // Whether the ranks run on GPUs; ConfigError where the ranks cannot agree.
-bool decide_cuda(const std::string& device, const std::vector<RankDevices>& ranks) {
-  if (device == "cpu") return false;
+bool decide_cuda(DeviceChoice device, const std::vector<RankDevices>& ranks) {
+  if (device == DeviceChoice::kCpu) return false;
   std::vector<int> with_gpu, without_gpu;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
     (ranks[r].visible_gpus > 0 ? with_gpu : without_gpu).push_back(r);
   if (without_gpu.empty()) return true;
   if (with_gpu.empty()) {
-    if (device == "auto") return false;
+    if (device == DeviceChoice::kAuto) return false;
     throw ConfigError("--device cuda: " + describe_ranks(without_gpu, ranks) + " " +
                       verb_s(without_gpu, "sees", "see") +
                       " no GPU (LibTorch sees none, or this hpc_train was built without CUDA); "
                       "use --device cpu");
   }
-  throw ConfigError("--device " + device + ": " + describe_ranks(with_gpu, ranks) + " " +
+  throw ConfigError("--device " + to_string(device) + ": " + describe_ranks(with_gpu, ranks) + " " +
                     verb_s(with_gpu, "sees", "see") + " a GPU, " +
                     describe_ranks(without_gpu, ranks) + " " +
                     verb_s(without_gpu, "sees", "see") +
@@ -103,15 +103,16 @@ std::vector<Placement> decide_placement(const TrainConfig& config,
                                         const std::vector<RankDevices>& ranks, bool nccl_built) {
   const bool cuda = decide_cuda(config.device, ranks);
   CommBackendKind backend = CommBackendKind::kMpi;
-  if (config.backend == "none") {
+  if (config.backend == BackendChoice::kNone) {
     backend = CommBackendKind::kNone;
-  } else if (config.backend == "nccl" || config.backend == "auto") {
-    const bool insist = config.backend == "nccl";
+  } else if (config.backend == BackendChoice::kNccl || config.backend == BackendChoice::kAuto) {
+    const bool insist = config.backend == BackendChoice::kNccl;
     if (insist && !nccl_built)
       throw ConfigError("--backend nccl: this hpc_train was built with a LibTorch without CUDA");
     if (insist && !cuda)
       throw ConfigError("--backend nccl needs a GPU of its own for every rank, and the ranks run "
-                        "on the CPU (--device " + config.device + "); use --backend mpi");
+                        "on the CPU (--device " + to_string(config.device) +
+                        "); use --backend mpi");
     const std::vector<std::vector<int>> shared = cuda ? ranks_sharing_a_gpu(ranks)
                                                       : std::vector<std::vector<int>>{};
     if (insist && !shared.empty()) {

@@ -10,8 +10,14 @@ constexpr double kBytesPerMiB = 1024.0 * 1024.0;
 }  // namespace
 
 torch::Dtype model_dtype(const TrainConfig& config) {
-  if (config.precision == "fp16") return torch::kHalf;
-  if (config.precision == "bf16") return torch::kBFloat16;
+  switch (config.precision) {
+    case Precision::kFp16:
+      return torch::kHalf;
+    case Precision::kBf16:
+      return torch::kBFloat16;
+    case Precision::kFp32:
+      break;
+  }
   return torch::kFloat;
 }
 
@@ -25,7 +31,7 @@ ReducerOptions reducer_options(const TrainConfig& config) {
 }
 
 std::optional<LossScalerOptions> loss_scaling(const TrainConfig& config) {
-  if (config.precision != "fp16") return std::nullopt;
+  if (config.precision != Precision::kFp16) return std::nullopt;
   LossScalerOptions scaling;
   scaling.fixed_scale = config.loss_scale;
   scaling.initial_scale_power = config.initial_scale_power;
@@ -46,8 +52,8 @@ ZeroOptions zero_options(const TrainConfig& config) {
   return zero;
 }
 
-LrScheduleOptions lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
-  LrScheduleOptions options;
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
+  LrScheduleParams options;
   options.kind = config.lr_schedule;
   options.lr = config.lr;
   options.warmup_steps = config.warmup_steps;

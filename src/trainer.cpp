@@ -24,7 +24,6 @@
 #include "hpc_train/reducer.h"
 #include "hpc_train/run_options.h"
 #include "hpc_train/run_report.h"
-#include "hpc_train/runtime.h"
 #include "hpc_train/step_graph.h"
 #include "hpc_train/stop_signal.h"
 #include "hpc_train/training_state.h"
@@ -124,8 +123,8 @@ struct Trainer::Impl {
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       config.prefetch_batches, comm);
     const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
-    train_split_resident = config.resident_data == "on" ||
-                           (config.resident_data == "auto" && placement.cuda &&
+    train_split_resident = config.resident_data == Switch::kOn ||
+                           (config.resident_data == Switch::kAuto && placement.cuda &&
                             resident_bytes <= kAutoResidentBytes);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     if (placement.cuda) {
@@ -133,9 +132,9 @@ struct Trainer::Impl {
       at::globalContext().setDeterministicCuDNN(config.deterministic);
     }
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    use_step_graph = placement.cuda && config.cuda_graph != "off" && cuda_graphs_available() &&
+    use_step_graph = placement.cuda && config.cuda_graph != Switch::kOff && cuda_graphs_available() &&
                      placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
-    if (config.cuda_graph == "on" && !use_step_graph)
+    if (config.cuda_graph == Switch::kOn && !use_step_graph)
       throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
                         "backend and --grad-accum 1; use --cuda-graph auto or off");
     resumed_from = checkpoints->to_resume();
@@ -171,8 +170,8 @@ struct Trainer::Impl {
       model->forward(torch::zeros({1, info.channels, info.height, info.width},
                                   torch::TensorOptions().dtype(dtype).device(device)));
     } catch (const c10::Error& e) {
-      throw ConfigError("--precision " + config.precision + ": " + config.model +
-                        " cannot run in " + config.precision + " here (" +
+      throw ConfigError("--precision " + to_string(config.precision) + ": " + config.model +
+                        " cannot run in " + to_string(config.precision) + " here (" +
                         first_line(e.what_without_backtrace()) +
                         "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
     }
@@ -244,7 +243,7 @@ struct Trainer::Impl {
       comm.set_capturing(false);
       if (!captured) {
         use_step_graph = false;
-        if (config.cuda_graph == "on") throw Error("--cuda-graph on: capturing the step failed: " + why);
+        if (config.cuda_graph == Switch::kOn) throw Error("--cuda-graph on: capturing the step failed: " + why);
         reporter.say("CUDA graph capture failed (%s); the steps run eagerly\n", why.c_str());
         return false;
       }
@@ -286,15 +285,14 @@ struct Trainer::Impl {
     line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
     line.ms_per_step = interval_ms / steps;
     line.buckets = reducer->num_buckets();
-    line.show_loss_scale = config.precision == "fp16";
+    line.show_loss_scale = config.precision == Precision::kFp16;
     line.loss_scale = report.loss_scale;
     line.skipped_steps = report.skipped_steps;
     line.memory = memory();
     line.breakdown = times.breakdown(comm.size(), config.zero_stage == 2);
     // Every rank's GPU figures, min and max over the ranks (collective).
     const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
-    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak,
-                                                comm.mpi_comm());
+    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak, comm);
     if (placement.cuda) line.gpu = gpu;
     reporter.interval(line);
     run_times.add(times);
@@ -349,12 +347,12 @@ struct Trainer::Impl {
     summary.model = config.model;
     summary.parameters = flat.numel();
     summary.zero_stage = config.zero_stage;
-    summary.precision = config.precision;
+    summary.precision = to_string(config.precision);
     summary.placement = placement.describe();
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     summary.resumed_from = resumed_from;
-    reporter.run_start({config.model, flat.numel(), config.precision, config.zero_stage,
+    reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
                         comm.size(), summary.placement, info.train_size, steps_per_epoch,
                         config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
     if (placement.cuda && !model->forward_flops_per_sample())
@@ -503,10 +501,10 @@ struct Trainer::Impl {
     }
     if (placement.cuda) {
       summary.peak_allocated_bytes_per_rank =
-          gather_at_root(allocator_peak_bytes(placement.cuda_device), comm.mpi_comm());
+          comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");
       // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
       const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
-                                           config.precision == "fp32" ? "tf32" : config.precision);
+                                           config.precision, /*fp32_as_tf32=*/true);
       // A TorchScript module's FLOPs are not counted: its MFU stays 0, "unknown" (run() said so).
       if (const std::optional<double> forward_flops = model->forward_flops_per_sample()) {
         summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;

@@ -12,7 +12,6 @@
 #include "hpc_train/error.h"
 #include "hpc_train/metrics.h"
 #include "hpc_train/run_options.h"
-#include "hpc_train/runtime.h"
 
 namespace hpc_train {
 namespace {
@@ -131,7 +130,7 @@ RunCheckpoints::RunCheckpoints(const TrainConfig& config, const DatasetInfo& inp
       loss_scaling_(loss_scaling(config)) {}
 
 std::string RunCheckpoints::to_resume() {
-  if (config_.resume != "auto") return config_.resume;
+  if (!resumes_newest_checkpoint(config_)) return config_.resume;
   std::string found;
   if (comm_.rank() == 0) {
     std::vector<std::string> warnings;
@@ -142,13 +141,13 @@ std::string RunCheckpoints::to_resume() {
       reporter_.say("--resume auto: no checkpoint in %s yet, starting fresh\n",
                     checkpoint_directory(config_.run_dir).c_str());
   }
-  return broadcast_string(comm_.mpi_comm(), found, 0);
+  return comm_.broadcast_string(found, 0, "checkpoint to resume");
 }
 
 Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
   Checkpoint c = model_checkpoint(input_, model_, position.global_step);
   add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
-  c.precision = config_.precision;
+  c.precision = to_string(config_.precision);
   c.zero_stage = config_.zero_stage;
   c.world_size = comm_.size();
   c.config_ini = to_ini(config_);
@@ -193,7 +192,7 @@ TrainingPosition RunCheckpoints::resume(const std::string& path) {
                   describe_loss_scaling(c.precision, c.has_loss_scaler, c.loss_scaler_dynamic,
                                         c.loss_scaler.scale)
                       .c_str(),
-                  describe_loss_scaling(config_.precision, loss_scaling_.has_value(),
+                  describe_loss_scaling(to_string(config_.precision), loss_scaling_.has_value(),
                                         loss_scaling_ && loss_scaling_->fixed_scale <= 0,
                                         scaler_state.scale)
                       .c_str(),

@@ -1,9 +1,9 @@
-# Checkpoints (torch-free, so hpc_train_core only): the file written collectively at 1 and 3
-# ranks and read back bitwise, every kind of bad file refused with a DataError naming it, the
-# newest readable checkpoint found after SIGKILLs at several moments of a write, and the weights
-# export of hpc_train_data.
-hpc_train_add_test(NAME test_checkpoint SOURCES test_checkpoint.cpp RANKS 1 3 LIBS hpc_train_core
-  LABELS checkpoint TIMEOUT 60)
+# Checkpoints (torch-free: hpc_train_core and the test support only): the file written
+# collectively at 1 and 3 ranks and read back bitwise, every kind of bad file refused with a
+# DataError naming it, the newest readable checkpoint found after SIGKILLs at several moments of a
+# write, and the weights export of hpc_train_data.
+hpc_train_add_test(NAME test_checkpoint SOURCES test_checkpoint.cpp RANKS 1 3
+  LIBS hpc_train_core hpc_train_test_support LABELS checkpoint TIMEOUT 60)
 
 # A single-rank program that writes, verifies and makes checkpoints whose contents follow from
 # their step (checkpoint_writer.cpp says how), for the script tests.

@@ -1,8 +1,5 @@
 # Tests of the LibTorch parts: communicator, flat storage, optimizer, data-parallel equivalence,
 # and the hpc_train executable end to end.
-add_library(hpc_train_test_support STATIC support/synthetic_dataset.cpp)
-target_link_libraries(hpc_train_test_support PUBLIC hpc_train_core)
-
 hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
                    LIBS hpc_train_engine)
 # Placement: the decision over injected reports (GPUs per task, shared GPUs, two nodes, ranks

@@ -15,6 +15,7 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_test(NAME test_comm_gpu SOURCES test_comm.cpp RANKS 1
                      LIBS hpc_train_engine LABELS gpu)
   target_compile_definitions(test_comm_gpu PRIVATE HPC_TRAIN_TEST_ON_GPU=1)
+  target_include_directories(test_comm_gpu PRIVATE ${PROJECT_SOURCE_DIR}/src)  # comm_backend.h
   hpc_train_add_script_test(NAME test_comm_timeout_gpu SCRIPT test_comm_timeout.sh TIMEOUT 90
                             LABELS gpu)
   set_property(TEST test_comm_timeout_gpu APPEND PROPERTY ENVIRONMENT

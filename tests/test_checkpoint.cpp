@@ -16,10 +16,10 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
-#include <limits>
 #include <map>
 #include <random>
 
+#include "example_checkpoints.h"
 #include "hpc_train/checkpoint.h"
 #include "hpc_train/checkpoint_files.h"
 #include "hpc_train/dataset_file.h"
@@ -33,7 +33,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using test_support::world_rank;
+using ::test_support::world_rank;
+using hpc_train::test_support::random_bytes;
+using hpc_train::test_support::realistic_checkpoint;
 
 #if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
 constexpr bool kParallelHdf5 = true;
@@ -41,7 +43,7 @@ constexpr bool kParallelHdf5 = true;
 constexpr bool kParallelHdf5 = false;
 #endif
 
-constexpr size_t kOptimizerElements = 155530;  // 3 x 51843 + 1: the shares cannot be equal
+constexpr size_t kOptimizerElements = hpc_train::test_support::kRealisticOptimizerElements;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -52,84 +54,6 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(bytes.data()),
              static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t count) {
-  std::vector<uint8_t> bytes(count);
-  for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
-  return bytes;
-}
-
-template <typename T>
-std::vector<uint8_t> as_bytes(const std::vector<T>& values) {
-  std::vector<uint8_t> bytes(values.size() * sizeof(T));
-  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-  return bytes;
-}
-
-float float_from_bits(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-CheckpointTensor random_f32(std::mt19937_64& rng, const std::string& name,
-                            std::vector<int64_t> shape) {
-  int64_t count = 1;
-  for (int64_t dimension : shape) count *= dimension;
-  std::normal_distribution<float> normal(0.0f, 0.1f);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& value : values) value = normal(rng);
-  return {name, "F32", std::move(shape), as_bytes(values)};
-}
-
-// A checkpoint of realistic size and awkward contents: special floats, an I64 scalar, binary RNG
-// state with zero bytes, a multi-line UTF-8 config. The same on every rank for the same seed.
-Checkpoint realistic_checkpoint(uint64_t seed, size_t optimizer_elements = kOptimizerElements) {
-  std::mt19937_64 rng(seed);
-  Checkpoint c;
-  c.model = "resnet18";
-  c.channels = 3;
-  c.height = 32;
-  c.width = 32;
-  c.num_classes = 10;
-  c.precision = "fp16";
-  c.zero_stage = 2;
-  c.world_size = 3;
-  c.config_ini =
-      "# hpc_train resolved configuration\n[data]\ndataset = data/fashion mnist.h5\n\n[train]\n"
-      "lr = 0.001\nnote = caf\xc3\xa9 \xe2\x9c\x93\n\n";
-  c.position = {12345, 49380, 3, 1234, 17, 1234 * 16 * 3, 16, 4};
-  c.optimizer_steps = 12328;
-  c.has_loss_scaler = true;
-  c.loss_scaler_dynamic = true;
-  c.loss_scaler = {32768.0, 1, 12345, 12001, 17};
-  c.rng_state = random_bytes(rng, 5056);
-  for (size_t i : {size_t{0}, size_t{1}, size_t{100}, size_t{2500}, size_t{5055}})
-    c.rng_state[i] = 0;
-  c.model_state.push_back(random_f32(rng, "conv1.weight", {64, 3, 3, 3}));
-  c.model_state.push_back(random_f32(rng, "bn1.weight", {64}));
-  c.model_state.push_back(random_f32(rng, "bn1.bias", {64}));
-  c.model_state.push_back(random_f32(rng, "bn1.running_mean", {64}));
-  c.model_state.push_back(random_f32(rng, "bn1.running_var", {64}));
-  c.model_state.push_back(
-      {"bn1.num_batches_tracked", "I64", {}, as_bytes(std::vector<int64_t>{12345})});
-  c.model_state.push_back(random_f32(rng, "fc.weight", {10, 512}));
-  c.model_state.push_back(random_f32(rng, "fc.bias", {10}));
-  c.model_state.push_back(random_f32(rng, "layer1.0.downsample.0.weight", {0, 64, 1, 1}));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto* values : {&c.master, &c.exp_avg, &c.exp_avg_sq}) {
-    values->resize(optimizer_elements);
-    for (float& value : *values) value = normal(rng);
-  }
-  if (optimizer_elements > 100) {
-    c.master[0] = -0.0f;
-    c.master[1] = std::numeric_limits<float>::infinity();
-    c.master[2] = float_from_bits(0x7fc01234);  // a NaN with a payload
-    c.master[3] = std::numeric_limits<float>::denorm_min();
-    c.master[optimizer_elements - 1] = -std::numeric_limits<float>::max();
-  }
-  return c;
 }
 
 // A small checkpoint of `step` for the tests of directories.

@@ -25,11 +25,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include "comm_backend.h"  // src/, private: NcclAbort drives the backend directly
 #include "hpc_train/step_graph.h"
 #endif
 
 using hpc_train::Communicator;
 using hpc_train::ReduceOp;
+using namespace std::string_literals;
 
 namespace {
 
@@ -125,6 +127,43 @@ TEST_P(CommunicatorTest, Scalars) {
   EXPECT_EQ(comm.all_reduce_count(comm.rank(), ReduceOp::kMin, "agreement"), 0);
 }
 
+TEST_P(CommunicatorTest, AllReduceDoublesElementWise) {
+  const int r = comm.rank(), n = comm.size();
+  // Element-wise over r: sum of r is n(n-1)/2, of -2r is -n(n-1), of 0.5 is n/2.
+  std::vector<double> sums = {static_cast<double>(r), -2.0 * r, 0.5};
+  comm.all_reduce_doubles(sums, ReduceOp::kSum, "GPU figures");
+  EXPECT_EQ(sums, (std::vector<double>{n * (n - 1) / 2.0, -1.0 * n * (n - 1), 0.5 * n}));
+  std::vector<double> maxima = {static_cast<double>(r), -2.0 * r, 0.5};
+  comm.all_reduce_doubles(maxima, ReduceOp::kMax);
+  EXPECT_EQ(maxima, (std::vector<double>{n - 1.0, 0.0, 0.5}));
+  std::vector<double> none;
+  comm.all_reduce_doubles(none, ReduceOp::kMin, "nothing");
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_P(CommunicatorTest, GatherCountInRankOrderAtRoot) {
+  const int n = comm.size();
+  for (int root = 0; root < n; ++root) {
+    const std::vector<int64_t> values =
+        comm.gather_count(10 * comm.rank() + root, root, "peak allocated bytes");
+    if (comm.rank() != root) {
+      EXPECT_TRUE(values.empty());
+      continue;
+    }
+    ASSERT_EQ(values.size(), static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) EXPECT_EQ(values[i], 10 * i + root);
+  }
+}
+
+TEST_P(CommunicatorTest, BroadcastStringFromRoot) {
+  const int root = comm.size() - 1;
+  // The others pass a longer string of their own, which must not survive; an embedded NUL does.
+  const std::string rooted = "runs/a\0b/step-"s + std::to_string(root);
+  const std::string mine = comm.rank() == root ? rooted : std::string(40, 'x');
+  EXPECT_EQ(comm.broadcast_string(mine, root, "checkpoint to resume"), rooted);
+  EXPECT_EQ(comm.broadcast_string(comm.rank() == 0 ? "" : "not rank 0's", 0), "");
+}
+
 TEST_P(CommunicatorTest, ManyOperationsInFlight) {
   std::vector<at::Tensor> buckets;
   std::vector<hpc_train::Work> works;
@@ -140,6 +179,18 @@ TEST_P(CommunicatorTest, ManyOperationsInFlight) {
 TEST_P(CommunicatorTest, RejectsNonContiguous) {
   at::Tensor t = at::zeros({4, 4}).t();
   EXPECT_THROW(comm.all_reduce(t), hpc_train::Error);
+}
+
+// A build without CUDA has no NCCL (comm_cpu.cpp stands in for comm_nccl.cpp): asking for it
+// is a configuration error that says why.
+TEST(CommunicatorBackend, NcclNeedsABuildWithCuda) {
+  if (hpc_train::nccl_available()) GTEST_SKIP() << "this build has NCCL";
+  try {
+    Communicator comm(MPI_COMM_WORLD, hpc_train::CommBackendKind::kNccl, /*cuda_device=*/0);
+    ADD_FAILURE() << "a Communicator with NCCL in a build without CUDA";
+  } catch (const hpc_train::ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--backend nccl: this hpc_train was built with a LibTorch without CUDA");
+  }
 }
 
 TEST(CommunicatorTimeout, IsSetAndTurnedOff) {
@@ -216,6 +267,16 @@ TEST(CommWatchdog, DISABLED_StalledScalarEndsTheJob) {
   announce_stall();
   comm.all_reduce_scalar(1.0, ReduceOp::kSum, "loss");
   ADD_FAILURE() << "the stalled reduction finished";
+}
+
+// So is a blocking broadcast of host values; rank 1, the root, never sends.
+TEST(CommWatchdog, DISABLED_StalledStringBroadcastEndsTheJob) {
+  Communicator comm(MPI_COMM_WORLD);
+  comm.set_timeout(kStallTimeoutS);
+  if (comm.rank() == 1) std::this_thread::sleep_for(kElsewhere);
+  announce_stall();
+  comm.broadcast_string("", /*root=*/1, "checkpoint to resume");
+  ADD_FAILURE() << "the stalled broadcast finished";
 }
 
 // Work launched elsewhere and registered with watch() (as a graph replay is) that never finishes

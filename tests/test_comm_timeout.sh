@@ -3,8 +3,9 @@
 # collective that cannot finish must end the job within a few seconds, with a non-zero exit and
 # one line that names rank 0, the operation, its label and bytes, and the backend.
 #   mpi (default), 2 ranks: rank 1 never joins what rank 0 started, while rank 0 waits for the
-#     collective, is busy elsewhere, or blocks in a scalar reduction; 1 rank: work registered
-#     with Communicator::watch (as a CUDA graph replay is) never finishes.
+#     collective, is busy elsewhere, or blocks in a scalar reduction or a string broadcast
+#     (whose root is rank 1); 1 rank: work registered with Communicator::watch (as a CUDA graph
+#     replay is) never finishes.
 #   COMM_TIMEOUT_BACKEND=nccl (GPU build), 1 rank: the collective is queued behind a stream
 #     that is held up for longer than the timeout.
 set -euo pipefail
@@ -51,6 +52,8 @@ else
     "comm: reduce_scatter of bucket 8 \(64 B\) did not finish within 2 s \(backend mpi\)"
   expect_stall 2 StalledScalarEndsTheJob \
     "comm: all_reduce of loss \(8 B\) did not finish within 2 s \(backend mpi\)"
+  expect_stall 2 StalledStringBroadcastEndsTheJob \
+    "comm: broadcast of checkpoint to resume \(8 B\) did not finish within 2 s \(backend mpi\)"
   expect_stall 1 StalledWatchedWorkEndsTheJob \
     "comm: graph replay of step 4 did not finish within 2 s \(backend mpi\)$"
 fi

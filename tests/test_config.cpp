@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "hpc_train/config.h"
 #include "hpc_train/dataset_file.h"
 #include "hpc_train/error.h"
+#include "hpc_train/model_names.h"
 
 namespace hpc_train {
 namespace {
@@ -110,7 +112,7 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.model, "simple_cnn");
   EXPECT_EQ(config.micro_batch, 64);
   EXPECT_EQ(config.epochs, 10);
-  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.lr, 1e-3);
   EXPECT_EQ(config.beta1, 0.9);
   EXPECT_EQ(config.beta2, 0.999);
@@ -120,14 +122,14 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   // No accumulation, clipping or schedule; fp32 without ZeRO; DDP-like buckets with overlap.
   EXPECT_EQ(config.grad_accum, 1);
   EXPECT_EQ(config.clip_grad, 0.0);
-  EXPECT_EQ(config.lr_schedule, "constant");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kConstant);
   EXPECT_EQ(config.warmup_steps, 0);
-  EXPECT_EQ(config.warmup_type, "linear");
+  EXPECT_EQ(config.warmup_type, WarmupType::kLinear);
   EXPECT_EQ(config.warmup_start_ratio, 0.0);
   EXPECT_EQ(config.cosine_final_ratio, 0.0);
   EXPECT_EQ(config.schedule_steps, 0);
   EXPECT_EQ(config.zero_stage, 0);
-  EXPECT_EQ(config.precision, "fp32");
+  EXPECT_EQ(config.precision, Precision::kFp32);
   // The fp16 loss scaler's defaults are DeepSpeed's.
   EXPECT_EQ(config.loss_scale, 0.0);
   EXPECT_EQ(config.initial_scale_power, 16);
@@ -159,14 +161,14 @@ TEST(Config, CommandLineSetsTrainingZeroAndCommOptions) {
           .config;
   EXPECT_EQ(c.grad_accum, 4);
   EXPECT_EQ(c.clip_grad, 1.5);
-  EXPECT_EQ(c.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(c.lr_schedule, LrScheduleKind::kWarmupCosine);
   EXPECT_EQ(c.warmup_steps, 300);
-  EXPECT_EQ(c.warmup_type, "log");
+  EXPECT_EQ(c.warmup_type, WarmupType::kLog);
   EXPECT_EQ(c.warmup_start_ratio, 0.1);
   EXPECT_EQ(c.cosine_final_ratio, 0.01);
   EXPECT_EQ(c.schedule_steps, 9000);
   EXPECT_EQ(c.zero_stage, 2);
-  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.precision, Precision::kBf16);
   EXPECT_EQ(c.loss_scale, 1024.0);
   EXPECT_EQ(c.initial_scale_power, 12);
   EXPECT_EQ(c.loss_scale_window, 200);
@@ -233,7 +235,7 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.epochs, 3);
   EXPECT_EQ(c.max_steps, 20000000000);
   EXPECT_EQ(c.micro_batch, 32);
-  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_EQ(c.optimizer, OptimizerKind::kAdam);
   EXPECT_EQ(c.lr, 3e-4);
   EXPECT_EQ(c.beta1, 0.8);
   EXPECT_EQ(c.beta2, 0.99);
@@ -243,7 +245,17 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.threads_per_rank, 2);
   EXPECT_EQ(c.run_dir, "runs/my run");
   EXPECT_EQ(c.log_every, 5);
-  EXPECT_EQ(c.progress, "lines");
+  EXPECT_EQ(c.progress, ProgressStyle::kLines);
+}
+
+// --resume is a file, or auto: the run directory's newest checkpoint; empty starts afresh.
+TEST(Config, ResumeAutoMeansTheNewestCheckpoint) {
+  EXPECT_FALSE(resumes_newest_checkpoint(TrainConfig{}));
+  EXPECT_TRUE(resumes_newest_checkpoint(parse({"--resume", "auto"}).config));
+  const TrainConfig file = parse({"--resume", "runs/a/checkpoints/step-00000004.h5"}).config;
+  EXPECT_FALSE(resumes_newest_checkpoint(file));
+  EXPECT_EQ(file.resume, "runs/a/checkpoints/step-00000004.h5");
+  EXPECT_FALSE(resumes_newest_checkpoint(parse({"--resume", "auto.h5"}).config));
 }
 
 TEST(Config, FlagTakesAnExplicitValue) {
@@ -275,7 +287,7 @@ TEST_F(ConfigTest, IniFileWithSections) {
   EXPECT_TRUE(command_line.config.drop_last);
   EXPECT_EQ(command_line.config.micro_batch, 128);
   EXPECT_EQ(command_line.config.lr, 0.0005);
-  EXPECT_EQ(command_line.config.progress, "bar");
+  EXPECT_EQ(command_line.config.progress, ProgressStyle::kBar);
   EXPECT_EQ(command_line.config.epochs, 10);  // not in the file: the default
 }
 
@@ -302,17 +314,22 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.weight_decay = 0.0;
   config.seed = 18446744073709551615u;
   config.run_dir = "runs/a";
-  config.progress = "lines";
+  config.progress = ProgressStyle::kLines;
+  config.augment = Switch::kOff;
+  config.resident_data = Switch::kOn;
+  config.device = DeviceChoice::kCpu;
+  config.backend = BackendChoice::kNone;
+  config.cuda_graph = Switch::kOff;
   config.grad_accum = 8;
   config.clip_grad = 0.7;
-  config.lr_schedule = "warmup";
+  config.lr_schedule = LrScheduleKind::kWarmup;
   config.warmup_steps = 1000;
-  config.warmup_type = "log";
+  config.warmup_type = WarmupType::kLog;
   config.warmup_start_ratio = 0.1;
   config.cosine_final_ratio = 1e-4;
   config.schedule_steps = 123456;
   config.zero_stage = 2;
-  config.precision = "fp16";
+  config.precision = Precision::kFp16;
   config.loss_scale = 0.5;
   config.initial_scale_power = 20;
   config.loss_scale_window = 77;
@@ -363,6 +380,17 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--bucket-mb X (=25)", "--first-bucket-mb X (=1)",
         "--overlap-comm [=true|false] (=true)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
+  }
+}
+
+TEST(Config, HelpListsEveryModel) {
+  const std::string help = parse({"--help"}).text;
+  const std::string models = help.substr(help.find("--model TEXT"));
+  for (const std::string& name : model_names()) {
+    // A whole name: after a space, before a comma or the end of the list's last line.
+    const bool listed = models.find(" " + name + ",") != std::string::npos ||
+                        models.find(" " + name + "\n") != std::string::npos;
+    EXPECT_TRUE(listed) << name << " is not in --model's help:\n" << help;
   }
 }
 
@@ -446,6 +474,43 @@ TEST_F(ConfigTest, ConfigFileErrorsNameTheFileAndKey) {
   EXPECT_NE(message.find(bad_line + ":2: 'epochs 3' is neither"), std::string::npos) << message;
 }
 
+// A name that no value of a choice has (config_choices.h) fails where it is read, naming the
+// option, the value and the names that would work, on the command line and in the INI file alike.
+TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
+  struct Case {
+    const char* option;
+    const char* section;
+    const char* value;
+    const char* names;
+    const char* default_name;
+  };
+  const Case cases[] = {
+      {"augment", "data", "sometimes", "auto, on or off", "auto"},
+      {"optimizer", "training", "sgd", "adamw or adam", "adamw"},
+      {"lr-schedule", "training", "cosine", "constant, warmup or warmup-cosine", "constant"},
+      {"warmup-type", "training", "exp", "linear or log", "linear"},
+      {"precision", "zero", "fp8", "fp32, fp16 or bf16", "fp32"},
+      {"resident-data", "data", "yes", "auto, on or off", "auto"},
+      {"device", "runtime", "gpu", "auto, cuda or cpu", "auto"},
+      {"backend", "runtime", "gloo", "auto, nccl, mpi or none", "auto"},
+      {"cuda-graph", "runtime", "ON", "auto, on or off", "auto"},
+      {"progress", "output", "fancy", "auto, bar or lines", "auto"},
+  };
+  for (const Case& bad : cases) {
+    const std::string option = bad.option;
+    EXPECT_EQ(parse_error({"--" + option, bad.value}),
+              "--" + option + " " + bad.value + ": must be " + bad.names + ", e.g. --" + option +
+                  " " + bad.default_name + ". See hpc_train --help");
+    std::string key = option;
+    std::replace(key.begin(), key.end(), '-', '_');
+    const std::string path = write(
+        "choice.ini", std::string("[") + bad.section + "]\n" + key + " = " + bad.value + "\n");
+    EXPECT_EQ(parse_error({"--config", path}),
+              path + ":2: " + key + " = " + bad.value + " in [" + bad.section + "]: must be " +
+                  bad.names + ", e.g. " + key + " = " + bad.default_name);
+  }
+}
+
 TEST(Config, ValidateNamesTheOptionAndValue) {
   struct Case {
     std::function<void(TrainConfig&)> change;
@@ -466,8 +531,6 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.beta2 = 1.5; }, "--beta2 1.5:"},
       {[](TrainConfig& c) { c.eps = 0; }, "--eps 0:"},
       {[](TrainConfig& c) { c.weight_decay = -1; }, "--weight-decay -1:"},
-      {[](TrainConfig& c) { c.optimizer = "sgd"; }, "--optimizer 'sgd': must be adamw or adam"},
-      {[](TrainConfig& c) { c.progress = "fancy"; }, "--progress 'fancy':"},
       {[](TrainConfig& c) { c.log_every = 0; }, "--log-every 0:"},
       {[](TrainConfig& c) { c.threads_per_rank = -2; }, "--threads-per-rank -2:"},
       {[](TrainConfig& c) { c.dataset_path.clear(); }, "--dataset '':"},
@@ -476,17 +539,14 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.clip_grad = -1; }, "--clip-grad -1: must be a finite number >= 0"},
       {[](TrainConfig& c) { c.clip_grad = std::numeric_limits<double>::infinity(); },
        "--clip-grad inf:"},
-      {[](TrainConfig& c) { c.lr_schedule = "cosine"; },
-       "--lr-schedule 'cosine': must be constant, warmup or warmup-cosine"},
       {[](TrainConfig& c) { c.warmup_steps = -5; }, "--warmup-steps -5:"},
-      {[](TrainConfig& c) { c.warmup_type = "exp"; }, "--warmup-type 'exp': must be linear or log"},
       {[](TrainConfig& c) { c.warmup_start_ratio = 1.5; }, "--warmup-start-ratio 1.5: must be in "
                                                            "[0, 1]"},
       {[](TrainConfig& c) { c.warmup_start_ratio = std::nan(""); }, "--warmup-start-ratio nan:"},
       {[](TrainConfig& c) { c.cosine_final_ratio = -0.1; }, "--cosine-final-ratio -0.1:"},
       {[](TrainConfig& c) { c.schedule_steps = -1; }, "--schedule-steps -1:"},
       {[](TrainConfig& c) {
-         c.lr_schedule = "warmup-cosine";
+         c.lr_schedule = LrScheduleKind::kWarmupCosine;
          c.warmup_steps = 100;
          c.schedule_steps = 50;
        },
@@ -495,8 +555,6 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
        "--zero-stage 3: must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not "
        "supported)"},
       {[](TrainConfig& c) { c.zero_stage = -1; }, "--zero-stage -1:"},
-      {[](TrainConfig& c) { c.precision = "fp8"; },
-       "--precision 'fp8': must be fp32, fp16 or bf16"},
       {[](TrainConfig& c) { c.loss_scale = -1; }, "--loss-scale -1: must be 0 (dynamic)"},
       {[](TrainConfig& c) { c.initial_scale_power = 65; }, "--initial-scale-power 65: must be in "
                                                            "[0, 64]"},
@@ -524,8 +582,8 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.weight_decay = 0;
   edges.max_steps = 0;
   edges.threads_per_rank = 0;
-  edges.optimizer = "adam";
-  edges.progress = "bar";
+  edges.optimizer = OptimizerKind::kAdam;
+  edges.progress = ProgressStyle::kBar;
   edges.clip_grad = 0;
   edges.warmup_start_ratio = 1;
   edges.cosine_final_ratio = 1;
@@ -533,11 +591,11 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.loss_scale_window = 1;
   edges.hysteresis = 1;
   edges.zero_stage = 2;
-  edges.precision = "bf16";
-  edges.lr_schedule = "warmup-cosine";
+  edges.precision = Precision::kBf16;
+  edges.lr_schedule = LrScheduleKind::kWarmupCosine;
   edges.warmup_steps = 100;
   edges.schedule_steps = 100;  // a cosine that ends where the warm-up does
-  edges.warmup_type = "log";
+  edges.warmup_type = WarmupType::kLog;
   EXPECT_NO_THROW(validate(edges));
   edges.schedule_steps = 0;  // the whole run, resolved by the trainer
   EXPECT_NO_THROW(validate(edges));
@@ -675,7 +733,7 @@ TEST(Config, ValidateForDatasetInputMemory) {
   // A train split kept resident in host memory: 600 x (784 + 8) = 475200 bytes.
   config = TrainConfig{};
   config.micro_batch = 8;
-  config.resident_data = "on";
+  config.resident_data = Switch::kOn;
   EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 475200, true));
   EXPECT_EQ(config_error([&] { validate_for_dataset(config, info, "data.h5", 3, 475199, true); }),
             "--resident-data on: the train split of data.h5 (600 samples) of 1x28x28 images "

@@ -1,15 +1,20 @@
 // The dataset file and the loader, at 1, 2 and 3 ranks, with both kinds of file access (MPI-IO
 // where HDF5 is parallel, and serial): exact round trips, closed-form mean/std, every kind of
-// foreign file rejected alike on every rank (nothing hangs in the collective open), and the
+// foreign file rejected alike on every rank (nothing hangs in the collective open), a write that
+// fails or is killed part-way leaving no file under its name, and the
 // loader's order, last batch, early stop and error path, with the main thread communicating while
 // the loader thread reads.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -338,6 +343,85 @@ TEST_F(DatasetFileTest, WriteRejectsInconsistentContents) {
   fs::create_directory(out + ".partial-" + std::to_string(getpid()));
   expect_data_error([&] { write_dataset_file(out, make_contents()); },
                     {"cannot write " + out, "H5Fcreate", "unable to create file"});
+}
+
+// Runs write_dataset_file(out, make_contents()) in a child process whose files cannot grow past
+// `limit_bytes` (RLIMIT_FSIZE: as if the disk filled up there). With `killed`, the first write
+// past the limit kills the child (SIGXFSZ); else it fails (EFBIG) and the child reports the
+// DataError. In a child because HDF5 1.10 crashes when it terminates after a file's close has
+// failed, as a close must when its writes fail: the child ends with _exit, before that. Returns
+// what the child reported: its error message, "" for a write that succeeded, or "killed by
+// signal N".
+std::string write_in_child(const std::string& out, uintmax_t limit_bytes, bool killed) {
+  int pipe_ends[2];
+  if (pipe(pipe_ends) != 0) return "pipe failed";
+  const pid_t child = fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    close(pipe_ends[0]);
+    std::string message;
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = limit_bytes;
+    if (!killed) std::signal(SIGXFSZ, SIG_IGN);
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) message = "setrlimit failed";
+    try {
+      if (message.empty()) write_dataset_file(out, make_contents());
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    (void)!write(pipe_ends[1], message.data(), message.size());
+    _exit(0);
+  }
+  close(pipe_ends[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipe_ends[0], buffer, sizeof buffer)) > 0;) message.append(buffer, n);
+  close(pipe_ends[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return message;
+}
+
+// Note [Atomic file write]: a write that fails part-way (the disk is full: at every point of the
+// file in turn) throws a DataError naming the file and leaves neither the final name nor the
+// temporary file; one killed part-way leaves no file under the final name.
+TEST_F(DatasetFileTest, AWriteThatFailsOrIsKilledPartWayLeavesNoFile) {
+  if (world_rank() != 0) return;  // serial writer; nothing collective here
+  const std::string out = path("full_disk.h5");
+  const uintmax_t complete_bytes = fs::file_size(valid_);  // what make_contents() takes
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) names.push_back(entry.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  int kills = 0;
+  for (uintmax_t point = 0; point < 16; ++point) {  // 16 points spread over the file
+    const uintmax_t limit = complete_bytes * point / 16;
+    SCOPED_TRACE("room for " + std::to_string(limit) + " of " + std::to_string(complete_bytes) +
+                 " bytes");
+    const std::string failed = write_in_child(out, limit, false);
+    EXPECT_NE(failed.find("cannot write " + out), std::string::npos) << "child: " << failed;
+    EXPECT_EQ(listing(), std::vector<std::string>{valid_});
+
+    const std::string killed = write_in_child(out, limit, true);
+    EXPECT_EQ(killed, "killed by signal " + std::to_string(SIGXFSZ));
+    EXPECT_FALSE(fs::exists(out));
+    for (const std::string& name : listing()) {  // at most the killed write's temporary file
+      if (name == valid_) continue;
+      EXPECT_EQ(name.rfind(out + ".partial-", 0), 0u) << name;
+      fs::remove(name);
+      ++kills;
+    }
+    if (HasFailure()) break;
+  }
+  EXPECT_GE(kills, 3);  // the kills came part-way, after the temporary file was made
+  // With room for it the same write succeeds, and reads back.
+  EXPECT_EQ(write_in_child(out, complete_bytes, false), "");
+  EXPECT_EQ(fs::file_size(out), complete_bytes);
+  EXPECT_EQ(DatasetFile::open(out).info().train_size, kTrain);
 }
 
 // Every rank sees the same bad file and throws the same DataError; with MPI-IO nobody is left

@@ -95,8 +95,8 @@ TrainConfig apply_file(const std::string& path, int world_size,
 
 void expect_origin_recipe(const TrainConfig& c) {
   EXPECT_EQ(c.grad_accum, 1);
-  EXPECT_EQ(c.precision, "fp16");
-  EXPECT_EQ(c.optimizer, "adamw");  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
+  EXPECT_EQ(c.precision, Precision::kFp16);
+  EXPECT_EQ(c.optimizer, OptimizerKind::kAdamW);  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false
   EXPECT_EQ(c.lr, 1e-3);
   EXPECT_EQ(c.beta1, 0.9);
   EXPECT_EQ(c.beta2, 0.999);
@@ -179,19 +179,19 @@ TEST_F(DeepSpeedConfigTest, EveryMappedKey) {
   EXPECT_TRUE(warnings.empty()) << joined(warnings);
   EXPECT_EQ(config.micro_batch, 16);
   EXPECT_EQ(config.grad_accum, 3);
-  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.lr, 3e-4);
   EXPECT_EQ(config.beta1, 0.8);
   EXPECT_EQ(config.beta2, 0.95);
   EXPECT_EQ(config.eps, 1e-6);
   EXPECT_EQ(config.weight_decay, 0.1);
-  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmupCosine);
   EXPECT_EQ(config.schedule_steps, 5000);
   EXPECT_EQ(config.warmup_steps, 200);
   EXPECT_EQ(config.warmup_start_ratio, 0.05);
   EXPECT_EQ(config.cosine_final_ratio, 0.02);
-  EXPECT_EQ(config.warmup_type, "linear");
-  EXPECT_EQ(config.precision, "fp16");
+  EXPECT_EQ(config.warmup_type, WarmupType::kLinear);
+  EXPECT_EQ(config.precision, Precision::kFp16);
   EXPECT_EQ(config.loss_scale, 0.0);
   EXPECT_EQ(config.initial_scale_power, 12);
   EXPECT_EQ(config.loss_scale_window, 500);
@@ -219,11 +219,11 @@ TEST_F(DeepSpeedConfigTest, WarmupLr) {
                           "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.01,
                                      "warmup_num_steps": 500, "last_batch_iteration": -1}}})",
         1, config);
-  EXPECT_EQ(config.lr_schedule, "warmup");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmup);
   EXPECT_EQ(config.lr, 0.01);
   EXPECT_DOUBLE_EQ(config.warmup_start_ratio, 0.1);
   EXPECT_EQ(config.warmup_steps, 500);
-  EXPECT_EQ(config.warmup_type, "log");  // DeepSpeed's default
+  EXPECT_EQ(config.warmup_type, WarmupType::kLog);  // DeepSpeed's default
 
   // warmup_max_lr replaces the optimizer's lr (said in a warning); a warm-up of fewer than 2
   // steps becomes 2, as in DeepSpeed.
@@ -238,7 +238,7 @@ TEST_F(DeepSpeedConfigTest, WarmupLr) {
   EXPECT_EQ(other.lr, 0.02);
   EXPECT_EQ(other.warmup_start_ratio, 0.0);
   EXPECT_EQ(other.warmup_steps, 2);
-  EXPECT_EQ(other.warmup_type, "linear");
+  EXPECT_EQ(other.warmup_type, WarmupType::kLinear);
   EXPECT_TRUE(any_contains(warnings, "'optimizer.params.lr' 0.5 is replaced by "
                                      "'scheduler.params.warmup_max_lr' 0.02"))
       << joined(warnings);
@@ -260,10 +260,10 @@ TEST_F(DeepSpeedConfigTest, WarmupCosineDefaultsAndErrors) {
   apply(R"({"train_batch_size": 8,
             "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 3000}}})",
         1, config);
-  EXPECT_EQ(config.lr_schedule, "warmup-cosine");
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmupCosine);
   EXPECT_EQ(config.schedule_steps, 3000);
   EXPECT_EQ(config.warmup_steps, 1000);
-  EXPECT_EQ(config.warmup_type, "log");
+  EXPECT_EQ(config.warmup_type, WarmupType::kLog);
   EXPECT_EQ(config.warmup_start_ratio, 0.0);
   EXPECT_EQ(config.cosine_final_ratio, 0.0001);
 
@@ -296,17 +296,17 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
     apply(R"({"train_batch_size": 8, "optimizer": )" + optimizer + "}", 1, config);
     return config;
   };
-  EXPECT_EQ(optimizer_of(R"({"type": "Adam"})").optimizer, "adamw");
-  EXPECT_EQ(optimizer_of(R"({"type": "adam"})").optimizer, "adamw");  // case-insensitive
+  EXPECT_EQ(optimizer_of(R"({"type": "Adam"})").optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(optimizer_of(R"({"type": "adam"})").optimizer, OptimizerKind::kAdamW);  // case-insensitive
   EXPECT_EQ(optimizer_of(R"({"type": "Adam", "params": {"adam_w_mode": false}})").optimizer,
-            "adam");
-  EXPECT_EQ(optimizer_of(R"({"type": "AdamW"})").optimizer, "adamw");
+            OptimizerKind::kAdam);
+  EXPECT_EQ(optimizer_of(R"({"type": "AdamW"})").optimizer, OptimizerKind::kAdamW);
   TrainConfig config;
   const std::vector<std::string> warnings = apply(
       R"({"train_batch_size": 8,
           "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})",
       1, config);
-  EXPECT_EQ(config.optimizer, "adamw");
+  EXPECT_EQ(config.optimizer, OptimizerKind::kAdamW);
   EXPECT_TRUE(any_contains(warnings, "'optimizer.params.adam_w_mode' false has no effect"));
 
   // A block present means DeepSpeed's defaults for what it leaves out: FusedAdam's weight decay
@@ -334,17 +334,17 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
 TEST_F(DeepSpeedConfigTest, Precision) {
   TrainConfig config;
   apply(R"({"train_batch_size": 8, "bf16": {"enabled": true}})", 1, config);
-  EXPECT_EQ(config.precision, "bf16");
+  EXPECT_EQ(config.precision, Precision::kBf16);
 
   TrainConfig off;
-  off.precision = "bf16";  // as if from the INI file
+  off.precision = Precision::kBf16;  // as if from the INI file
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": false}})", 1, off);
-  EXPECT_EQ(off.precision, "fp32");  // the file's block says: no mixed precision
+  EXPECT_EQ(off.precision, Precision::kFp32);  // the file's block says: no mixed precision
 
   TrainConfig untouched;
-  untouched.precision = "bf16";
+  untouched.precision = Precision::kBf16;
   apply(R"({"train_batch_size": 8})", 1, untouched);
-  EXPECT_EQ(untouched.precision, "bf16");  // no block: the INI/default value stays
+  EXPECT_EQ(untouched.precision, Precision::kBf16);  // no block: the INI/default value stays
 
   TrainConfig fixed;
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 128}})", 1, fixed);
@@ -383,7 +383,7 @@ TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
   // reduce_bucket_size counts elements: 2 bytes each in fp16/bf16, 4 in fp32.
   TrainConfig fp32;
   apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 5e8}})", 1, fp32);
-  EXPECT_EQ(fp32.precision, "fp32");
+  EXPECT_EQ(fp32.precision, Precision::kFp32);
   EXPECT_EQ(fp32.bucket_mb, 5e8 * 4 / 1048576.0);
   TrainConfig fp16;
   apply(R"({"train_batch_size": 8, "fp16": {"enabled": true},
@@ -391,7 +391,7 @@ TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
         1, fp16);
   EXPECT_EQ(fp16.bucket_mb, 2.0);
   TrainConfig bf16_from_command_line;
-  bf16_from_command_line.precision = "bf16";
+  bf16_from_command_line.precision = Precision::kBf16;
   apply(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 524288}})", 1,
         bf16_from_command_line, {"precision"});
   EXPECT_EQ(bf16_from_command_line.bucket_mb, 1.0);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "hpc_train/comm.h"
 #include "hpc_train/error.h"
 #include "hpc_train/gpu_monitor.h"
 #include "hpc_train/models.h"
@@ -65,8 +66,9 @@ TEST(GpuMonitor, MovedFromIsUnavailable) {
 
 TEST(MinMaxOverRanks, ElementWise) {
   const int r = world_rank(), n = world_size();
+  Communicator comm(MPI_COMM_WORLD);
   const std::vector<MinMax> spread =
-      min_max_over_ranks({static_cast<double>(r), -2.0 * r, 5.0}, MPI_COMM_WORLD);
+      min_max_over_ranks({static_cast<double>(r), -2.0 * r, 5.0}, comm);
   ASSERT_EQ(spread.size(), 3u);
   EXPECT_EQ(spread[0].min, 0.0);
   EXPECT_EQ(spread[0].max, n - 1.0);
@@ -80,8 +82,8 @@ TEST(MinMaxOverRanks, LeavesOutNaN) {
   const int r = world_rank(), n = world_size();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   // Rank 0 measured nothing: ranks 1..n-1 give 10 + r.
-  const std::vector<MinMax> spread =
-      min_max_over_ranks({r == 0 ? nan : 10.0 + r, nan}, MPI_COMM_WORLD);
+  Communicator comm(MPI_COMM_WORLD);
+  const std::vector<MinMax> spread = min_max_over_ranks({r == 0 ? nan : 10.0 + r, nan}, comm);
   if (n > 1) {
     EXPECT_EQ(spread[0].min, 11.0);
     EXPECT_EQ(spread[0].max, 10.0 + (n - 1));
@@ -100,8 +102,8 @@ TEST(GpuSpread, OverRanksForTheLogLine) {
   sample.memory_used_bytes = static_cast<int64_t>(3.1e9 + 0.05e9 * r);
   sample.power_w = 310.0 + 10.0 * r;
   sample.samples = 5;
-  const GpuSpread spread =
-      gpu_spread_over_ranks(sample, static_cast<int64_t>(1.2e9), MPI_COMM_WORLD);
+  Communicator comm(MPI_COMM_WORLD);
+  const GpuSpread spread = gpu_spread_over_ranks(sample, static_cast<int64_t>(1.2e9), comm);
   EXPECT_TRUE(spread.measured);
   EXPECT_EQ(spread.utilization_pct.min, 90.0);
   EXPECT_EQ(spread.utilization_pct.max, 90.0 + (n - 1));
@@ -117,8 +119,8 @@ TEST(GpuSpread, OverRanksForTheLogLine) {
 
 TEST(GpuSpread, UnmeasuredRanksShowOnlyTheAllocator) {
   const int r = world_rank(), n = world_size();
-  const GpuSpread spread =
-      gpu_spread_over_ranks(GpuSample{}, static_cast<int64_t>(1e9) * r, MPI_COMM_WORLD);
+  Communicator comm(MPI_COMM_WORLD);
+  const GpuSpread spread = gpu_spread_over_ranks(GpuSample{}, static_cast<int64_t>(1e9) * r, comm);
   EXPECT_FALSE(spread.measured);
   char expected[64];
   std::snprintf(expected, sizeof(expected), "peak alloc 0.0-%.1f GB", n - 1.0);
@@ -126,28 +128,18 @@ TEST(GpuSpread, UnmeasuredRanksShowOnlyTheAllocator) {
   EXPECT_TRUE(spread.to_json().at("gpu_util_pct_max").is_null());
 }
 
-TEST(GatherAtRoot, RankOrder) {
-  const int r = world_rank(), n = world_size();
-  const std::vector<int64_t> values = gather_at_root(10 * r, MPI_COMM_WORLD);
-  if (r == 0) {
-    ASSERT_EQ(values.size(), static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) EXPECT_EQ(values[i], 10 * i);
-  } else {
-    EXPECT_TRUE(values.empty());
-  }
-}
-
 // The dense peaks of NVIDIA's H100 SXM5 / H200 SXM figures (gpu_monitor.cpp cites them).
 TEST(PeakFlops, KnownHopperBoardsOnly) {
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "bf16"), 989.4e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp16"), 989.4e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "tf32"), 494.7e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32"), 66.9e12);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 PCIe", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200 NVL", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA GeForce RTX 4090", "bf16"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", "fp8"), 0.0);
-  EXPECT_EQ(peak_flops_per_s("", "bf16"), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kBf16, false), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kFp16, false), 989.4e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200", Precision::kBf16, true), 989.4e12);  // no fp32 here
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", Precision::kFp32, true), 494.7e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 80GB HBM3", Precision::kFp32, false), 66.9e12);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H100 PCIe", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA H200 NVL", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA GeForce RTX 4090", Precision::kBf16, false), 0.0);
+  EXPECT_EQ(peak_flops_per_s("NVIDIA GH200 480GB", Precision::kFp32, true), 0.0);
+  EXPECT_EQ(peak_flops_per_s("", Precision::kBf16, false), 0.0);
 }
 
 TEST(Mfu, FractionOfThePeak) {
@@ -237,17 +229,18 @@ TEST(GpuMonitorOnGpu, DeviceNameAndPeak) {
   const std::string name = cuda_device_name(0);
   EXPECT_FALSE(name.empty());
   std::printf("GPU 0 is \"%s\": bf16 dense peak %.1f TFLOP/s (0 = unknown board)\n", name.c_str(),
-              peak_flops_per_s(name, "bf16") / 1e12);
+              peak_flops_per_s(name, Precision::kBf16, false) / 1e12);
   if (name.find("H200") != std::string::npos && name.find("NVL") == std::string::npos) {
-    EXPECT_EQ(peak_flops_per_s(name, "bf16"), 989.4e12);
+    EXPECT_EQ(peak_flops_per_s(name, Precision::kBf16, false), 989.4e12);
   }
 }
 
 TEST(GpuMonitorOnGpu, SpreadAtOneRank) {
   GpuMonitor monitor(0, 20.0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Communicator comm(MPI_COMM_WORLD);
   const GpuSpread spread =
-      gpu_spread_over_ranks(monitor.take_interval(), allocator_peak_bytes(0), MPI_COMM_WORLD);
+      gpu_spread_over_ranks(monitor.take_interval(), allocator_peak_bytes(0), comm);
   EXPECT_TRUE(spread.measured);
   EXPECT_EQ(spread.memory_used_bytes.min, spread.memory_used_bytes.max);
   std::printf("%s\n", spread.describe().c_str());

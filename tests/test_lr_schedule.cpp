@@ -14,10 +14,16 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-LrScheduleOptions options(const std::string& kind, double lr, int64_t warmup_steps,
-                          const std::string& warmup_type, double start_ratio = 0.0,
+constexpr LrScheduleKind kConstant = LrScheduleKind::kConstant;
+constexpr LrScheduleKind kWarmup = LrScheduleKind::kWarmup;
+constexpr LrScheduleKind kWarmupCosine = LrScheduleKind::kWarmupCosine;
+constexpr WarmupType kLinear = WarmupType::kLinear;
+constexpr WarmupType kLog = WarmupType::kLog;
+
+LrScheduleParams options(LrScheduleKind kind, double lr, int64_t warmup_steps,
+                          WarmupType warmup_type, double start_ratio = 0.0,
                           double final_ratio = 0.0, int64_t total_steps = 0) {
-  LrScheduleOptions o;
+  LrScheduleParams o;
   o.kind = kind;
   o.lr = lr;
   o.warmup_steps = warmup_steps;
@@ -29,13 +35,13 @@ LrScheduleOptions options(const std::string& kind, double lr, int64_t warmup_ste
 }
 
 TEST(LrSchedule, Constant) {
-  const LrSchedule schedule(options("constant", 0.003, 100, "log"));
+  const LrSchedule schedule(options(kConstant, 0.003, 100, kLog));
   for (int64_t step : {0, 1, 99, 100, 1000000}) EXPECT_EQ(schedule.lr_at(step), 0.003);
-  EXPECT_EQ(LrSchedule(LrScheduleOptions{}).lr_at(5), 1e-3);  // the defaults
+  EXPECT_EQ(LrSchedule(LrScheduleParams{}).lr_at(5), 1e-3);  // the defaults
 }
 
 TEST(LrSchedule, LinearWarmup) {
-  const LrSchedule schedule(options("warmup", 0.1, 10, "linear", 0.2));
+  const LrSchedule schedule(options(kWarmup, 0.1, 10, kLinear, 0.2));
   for (int64_t step = 0; step < 10; ++step) {
     EXPECT_DOUBLE_EQ(schedule.lr_at(step), 0.1 * (0.2 + 0.8 * step / 10.0)) << step;
   }
@@ -49,7 +55,7 @@ TEST(LrSchedule, LinearWarmup) {
 TEST(LrSchedule, LogWarmupIsDeepSpeeds) {
   const double min_lr = 0.001;
   const double max_lr = 0.01;
-  const LrSchedule schedule(options("warmup", max_lr, 100, "log", min_lr / max_lr));
+  const LrSchedule schedule(options(kWarmup, max_lr, 100, kLog, min_lr / max_lr));
   EXPECT_DOUBLE_EQ(schedule.lr_at(0), min_lr);
   EXPECT_DOUBLE_EQ(schedule.lr_at(9), min_lr + (max_lr - min_lr) * 0.5);  // log 10 / log 100
   for (int64_t step : {1, 2, 17, 50, 98}) {
@@ -62,20 +68,20 @@ TEST(LrSchedule, LogWarmupIsDeepSpeeds) {
 }
 
 TEST(LrSchedule, NoWarmupAndOneStepWarmup) {
-  EXPECT_EQ(LrSchedule(options("warmup", 0.5, 0, "log")).lr_at(0), 0.5);
-  EXPECT_EQ(LrSchedule(options("warmup", 0.5, 0, "linear", 0.1)).lr_at(0), 0.5);
-  for (const char* type : {"linear", "log"}) {
-    const LrSchedule one(options("warmup", 0.5, 1, type, 0.1));
-    EXPECT_DOUBLE_EQ(one.lr_at(0), 0.05) << type;  // the start, with no 0/0 for log
-    EXPECT_EQ(one.lr_at(1), 0.5) << type;
+  EXPECT_EQ(LrSchedule(options(kWarmup, 0.5, 0, kLog)).lr_at(0), 0.5);
+  EXPECT_EQ(LrSchedule(options(kWarmup, 0.5, 0, kLinear, 0.1)).lr_at(0), 0.5);
+  for (WarmupType type : {kLinear, kLog}) {
+    const LrSchedule one(options(kWarmup, 0.5, 1, type, 0.1));
+    EXPECT_DOUBLE_EQ(one.lr_at(0), 0.05) << static_cast<int>(type);  // no 0/0 for log
+    EXPECT_EQ(one.lr_at(1), 0.5) << static_cast<int>(type);
   }
   // A step before the first is the first step's lr.
-  EXPECT_DOUBLE_EQ(LrSchedule(options("warmup", 0.5, 4, "linear", 0.1)).lr_at(-3), 0.05);
+  EXPECT_DOUBLE_EQ(LrSchedule(options(kWarmup, 0.5, 4, kLinear, 0.1)).lr_at(-3), 0.05);
 }
 
 TEST(LrSchedule, WarmupCosine) {
   // lr 1, 10 linear warm-up steps from 0, cosine to 0.1 at step 110.
-  const LrSchedule schedule(options("warmup-cosine", 1.0, 10, "linear", 0.0, 0.1, 110));
+  const LrSchedule schedule(options(kWarmupCosine, 1.0, 10, kLinear, 0.0, 0.1, 110));
   EXPECT_EQ(schedule.lr_at(0), 0.0);
   EXPECT_DOUBLE_EQ(schedule.lr_at(5), 0.5);
   EXPECT_DOUBLE_EQ(schedule.lr_at(10), 1.0);  // the cosine starts at the full lr
@@ -90,24 +96,24 @@ TEST(LrSchedule, WarmupCosine) {
 }
 
 TEST(LrSchedule, CosineWithoutWarmupAndWithLogWarmup) {
-  const LrSchedule plain(options("warmup-cosine", 2.0, 0, "log", 0.0, 0.0, 100));
+  const LrSchedule plain(options(kWarmupCosine, 2.0, 0, kLog, 0.0, 0.0, 100));
   EXPECT_EQ(plain.lr_at(0), 2.0);
   EXPECT_DOUBLE_EQ(plain.lr_at(50), 1.0);
   EXPECT_EQ(plain.lr_at(100), 0.0);
 
   // DeepSpeed's WarmupCosineLR defaults: log warm-up from ratio 0, cos_min_ratio 1e-4.
-  const LrSchedule ds(options("warmup-cosine", 1e-3, 1000, "log", 0.0, 1e-4, 10000));
+  const LrSchedule ds(options(kWarmupCosine, 1e-3, 1000, kLog, 0.0, 1e-4, 10000));
   EXPECT_DOUBLE_EQ(ds.lr_at(99), 1e-3 * std::log(100.0) / std::log(1000.0));
   EXPECT_DOUBLE_EQ(ds.lr_at(1000), 1e-3);
   EXPECT_DOUBLE_EQ(ds.lr_at(10000), 1e-3 * 1e-4);
   // A cosine as long as its warm-up ends at the warm-up's end.
-  const LrSchedule flat(options("warmup-cosine", 1.0, 10, "linear", 0.0, 0.25, 10));
+  const LrSchedule flat(options(kWarmupCosine, 1.0, 10, kLinear, 0.0, 0.25, 10));
   EXPECT_DOUBLE_EQ(flat.lr_at(5), 0.5);
   EXPECT_DOUBLE_EQ(flat.lr_at(10), 0.25);
 }
 
 TEST(LrSchedule, RejectsWhatCannotWork) {
-  const auto message = [](const LrScheduleOptions& o) -> std::string {
+  const auto message = [](const LrScheduleParams& o) -> std::string {
     try {
       LrSchedule schedule(o);
     } catch (const ConfigError& e) {
@@ -116,21 +122,17 @@ TEST(LrSchedule, RejectsWhatCannotWork) {
     ADD_FAILURE() << "no ConfigError";
     return "";
   };
-  EXPECT_NE(message(options("cosine", 1, 0, "log")).find("--lr-schedule 'cosine'"),
+  EXPECT_NE(message(options(kWarmup, 1, -1, kLog)).find("--warmup-steps -1"),
             std::string::npos);
-  EXPECT_NE(message(options("warmup", 1, 10, "exp")).find("--warmup-type 'exp'"),
+  EXPECT_NE(message(options(kWarmup, 1, 10, kLog, 1.5)).find("--warmup-start-ratio 1.5"),
             std::string::npos);
-  EXPECT_NE(message(options("warmup", 1, -1, "log")).find("--warmup-steps -1"),
-            std::string::npos);
-  EXPECT_NE(message(options("warmup", 1, 10, "log", 1.5)).find("--warmup-start-ratio 1.5"),
-            std::string::npos);
-  EXPECT_NE(message(options("warmup-cosine", 1, 10, "log", 0, 2, 100))
+  EXPECT_NE(message(options(kWarmupCosine, 1, 10, kLog, 0, 2, 100))
                 .find("--cosine-final-ratio 2"),
             std::string::npos);
-  EXPECT_NE(message(options("warmup-cosine", 1, 100, "log", 0, 0, 50))
+  EXPECT_NE(message(options(kWarmupCosine, 1, 100, kLog, 0, 0, 50))
                 .find("--schedule-steps 50: the cosine would end before the warm-up"),
             std::string::npos);
-  EXPECT_NE(message(options("warmup-cosine", 1, 0, "log", 0, 0, 0)).find("--schedule-steps"),
+  EXPECT_NE(message(options(kWarmupCosine, 1, 0, kLog, 0, 0, 0)).find("--schedule-steps"),
             std::string::npos);
 }
 

@@ -47,6 +47,19 @@ TEST(AdamUpdate, FirstStepMovesEachWeightByLr) {
   EXPECT_TRUE(torch::allclose(p, torch::tensor({-0.1f, 0.1f, -0.1f, 0.1f}), 0, 1e-6));
 }
 
-TEST(AdamUpdate, UnknownOptimizerName) {
-  EXPECT_THROW(hpc_train::adam_options("sgd", 1e-3, 0.9, 0.999, 1e-8, 0), hpc_train::ConfigError);
+// --optimizer adamw decays the weights directly, adam adds the decay to the gradient.
+TEST(AdamUpdate, OptimizerKindPicksTheWeightDecay) {
+  using hpc_train::OptimizerKind;
+  const hpc_train::AdamOptions adamw =
+      hpc_train::adam_options(OptimizerKind::kAdamW, 1e-3, 0.8, 0.99, 1e-6, 0.05);
+  EXPECT_TRUE(adamw.decoupled_weight_decay);
+  EXPECT_EQ(adamw.lr, 1e-3);
+  EXPECT_EQ(adamw.beta1, 0.8);
+  EXPECT_EQ(adamw.beta2, 0.99);
+  EXPECT_EQ(adamw.eps, 1e-6);
+  EXPECT_EQ(adamw.weight_decay, 0.05);
+  const hpc_train::AdamOptions adam =
+      hpc_train::adam_options(OptimizerKind::kAdam, 1e-3, 0.8, 0.99, 1e-6, 0.05);
+  EXPECT_FALSE(adam.decoupled_weight_decay);
+  EXPECT_EQ(adam.weight_decay, 0.05);
 }

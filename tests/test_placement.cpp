@@ -28,10 +28,11 @@ namespace {
 using test_support::world_rank;
 using test_support::world_size;
 
+// --device and --backend, by the names that the command line takes.
 TrainConfig with(const std::string& device, const std::string& backend) {
   TrainConfig config;
-  config.device = device;
-  config.backend = backend;
+  config.device = hpc_train::parse_choice<hpc_train::DeviceChoice>(device).value();
+  config.backend = hpc_train::parse_choice<hpc_train::BackendChoice>(backend).value();
   return config;
 }
 
@@ -70,8 +71,8 @@ std::string refusal(const TrainConfig& config, const std::vector<RankDevices>& r
   } catch (const ConfigError& e) {
     return e.what();
   }
-  ADD_FAILURE() << "no ConfigError for --device " << config.device << " --backend "
-                << config.backend;
+  ADD_FAILURE() << "no ConfigError for --device " << hpc_train::to_string(config.device)
+                << " --backend " << hpc_train::to_string(config.backend);
   return {};
 }
 

@@ -212,30 +212,31 @@ TEST_F(ZeroTest, CapturedStepsMatchEagerSteps) {
   if (Communicator(MPI_COMM_WORLD).size() != 1)
     GTEST_SKIP() << "graphs need NCCL, which takes one rank per GPU";
   at::globalContext().setDeterministicCuDNN(true);
-  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
     for (int stage : {0, 2}) {
       TrainConfig config = base(kMicroBatch);
       config.precision = precision;
       config.zero_stage = stage;
-      const std::string what = std::string(precision) + ", stage " + std::to_string(stage);
-      auto run = [&](const char* graph, int64_t expected_replays) {
+      const std::string what = to_string(precision) + ", stage " + std::to_string(stage);
+      auto run = [&](Switch graph, int64_t expected_replays) {
         TrainConfig placed = config;
         placed.cuda_graph = graph;
         const Placement placement = test_support::test_placement(placed, MPI_COMM_WORLD);
         Trainer trainer(placed, *file_, MPI_COMM_WORLD, TrainerOutput{"", false, false}, placement);
         const TrainSummary summary = trainer.run();
         EXPECT_EQ(summary.steps, kSteps) << what;
-        EXPECT_EQ(summary.graph_replays, expected_replays) << what << ", --cuda-graph " << graph;
+        EXPECT_EQ(summary.graph_replays, expected_replays)
+            << what << ", --cuda-graph " << to_string(graph);
         return trainer.flat_parameters().to(torch::kFloat);
       };
-      const torch::Tensor eager = run("off", 0);
+      const torch::Tensor eager = run(Switch::kOff, 0);
       // Steps 1-3 eager (the first rebuilds the buckets), step 4 captures and replays, 5-20 replay.
-      const torch::Tensor graphed = run("on", kSteps - 3);
+      const torch::Tensor graphed = run(Switch::kOn, kSteps - 3);
       const double difference = ((graphed - eager).norm() / eager.norm()).item<double>();
       std::printf("graph replay vs eager, %s: relative difference %.3e\n", what.c_str(), difference);
       // The same kernels in the same order (deterministic cuDNN algorithms on both sides): fp32
       // agrees to rounding; 16-bit parameters may round a few elements the other way.
-      EXPECT_LE(difference, std::string(precision) == "fp32" ? 1e-5 : 2e-3) << what;
+      EXPECT_LE(difference, precision == Precision::kFp32 ? 1e-5 : 2e-3) << what;
     }
   }
   at::globalContext().setDeterministicCuDNN(false);

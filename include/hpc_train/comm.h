@@ -14,6 +14,9 @@
 //
 // Every operation may carry a label saying what it is for ("bucket 3"), so that a watchdog can
 // name the operation that stalled (Note [Communication watchdog]).
+//
+// This header is what callers use. The backends' interface (CommBackend, their factories) and
+// the watchdog's machinery (CommWatchdog) are private to comm*.cpp: src/comm_backend.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,13 +24,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace hpc_train {
@@ -37,8 +37,6 @@ enum class ReduceOp { kSum, kMax, kMin };
 // (what a run with the distributed machinery switched off is measured with).
 enum class CommBackendKind { kMpi, kNccl, kNone };
 
-// "mpi" | "nccl" -> the kind; ConfigError otherwise.
-CommBackendKind parse_comm_backend(const std::string& name);
 // The kind's name: "mpi", "nccl" or "none".
 const char* comm_backend_name(CommBackendKind kind);
 // Whether this build can run NCCL (LibTorch with CUDA).
@@ -48,19 +46,12 @@ bool nccl_available();
 // that a buffer is never released while a collective still writes to it (and never throws there).
 class Work {
  public:
-  class Impl {
-   public:
-    virtual ~Impl() = default;
-    virtual void wait() = 0;  // MPI: blocks; NCCL: orders the caller's stream after the operation
-    // true once done. NCCL: false for an operation captured in a CUDA graph, and while the
-    // calling thread captures (Note [Graph capture]): wait() is what orders work after it.
-    virtual bool test() = 0;
-  };
+  class Impl;  // a backend's operation (comm_backend.h)
 
   Work() = default;
-  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  explicit Work(std::unique_ptr<Impl> impl);
   ~Work();
-  Work(Work&&) noexcept = default;
+  Work(Work&&) noexcept;
   Work& operator=(Work&& other) noexcept;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -85,15 +76,16 @@ class Work {
 //   nccl  its "done" event has completed (cudaEventQuery from the watchdog's thread; the compute
 //         stream is never synchronised);
 //   graph replay  the event recorded after the replay on the training stream has completed
-//         (queried likewise; step_graph.cpp).
-// A thread polls every kWatchdogPollMs: an operation unfinished after the timeout, or an
-// asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of <label> (<bytes> B)
-// did not finish within <T> s (backend mpi|nccl|none)`, ncclCommAbort, then MPI_Abort, so that
-// no rank hangs. The thread calls MPI_Abort only where MPI granted MPI_THREAD_MULTIPLE; so that
-// this does not matter for MPI operations, a watched MPI wait polls with MPI_Test and ends the
-// job from the waiting thread itself once the operation is overdue. (Without
-// MPI_THREAD_MULTIPLE, an NCCL failure aborts the NCCL communicator, and the next NCCL operation
-// or graph replay throws Error; so does the next replay after any failure the thread reported.)
+//         (queried likewise; step_graph_cuda.cpp).
+// A thread polls every kWatchdogPollMs (comm_backend.h): an operation unfinished after the
+// timeout, or an asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of
+// <label> (<bytes> B) did not finish within <T> s (backend mpi|nccl|none)`, ncclCommAbort, then
+// MPI_Abort, so that no rank hangs. The thread calls MPI_Abort only where MPI granted
+// MPI_THREAD_MULTIPLE; so that this does not matter for MPI operations, a watched MPI wait polls
+// with MPI_Test and ends the job from the waiting thread itself once the operation is overdue.
+// (Without MPI_THREAD_MULTIPLE, an NCCL failure aborts the NCCL communicator, and the next NCCL
+// operation or graph replay throws Error; so does the next replay after any failure the thread
+// reported.)
 // The timeout counts from when the operation was issued, which for NCCL may be before the GPU
 // reaches it; it is meant to be far longer than any step (default 300 s).
 //
@@ -107,12 +99,12 @@ class Work {
 // captured operations and whenever the calling thread captures, and the watchdog's thread
 // pauses. That thread also uses the thread-local capture mode, so that its queries of earlier,
 // uncaptured operations could not disturb a capture elsewhere anyway.
+class CommBackend;
 class CommWatchdog;
 
-constexpr double kWatchdogPollMs = 100.0;
-
 // One operation as the watchdog sees it, shared by its Work and the watchdog (which keeps it
-// until it has finished). Backends subclass it where the Work does not observe completion.
+// until it has finished). Backends subclass it where the Work does not observe completion, and
+// so do callers that register work of their own (Communicator::watch; a graph replay).
 class WatchedOperation {
  public:
   using Clock = std::chrono::steady_clock;
@@ -141,85 +133,6 @@ class WatchedOperation {
   std::atomic<bool> finished_{false};
 };
 
-// One backend's tensor collectives (see the top of this file). `label` says what an operation
-// is for; it is only reported.
-class CommBackend {
- public:
-  virtual ~CommBackend() = default;
-  virtual Work all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& label) = 0;
-  virtual Work broadcast(at::Tensor& tensor, int root, const std::string& label) = 0;
-  virtual Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
-                              const std::string& label) = 0;
-  virtual Work all_gather_in_place(at::Tensor& buffer, const std::string& label) = 0;
-
-  // Operations started from now on are registered with `watchdog`; nullptr: none.
-  void set_watchdog(std::shared_ptr<CommWatchdog> watchdog) { watchdog_ = std::move(watchdog); }
-  // Note [Graph capture]. MPI operations run on the host and are never captured.
-  virtual void set_capturing(bool capturing) { (void)capturing; }
-
-  // Runs `launch`, which queues work holding this backend's collectives that was captured
-  // earlier (a CUDA graph replay), as the backend launches its own: NCCL never while its
-  // communicator is aborted, and throws Error after an abort (Note [Abort and launch] in
-  // comm_nccl.cpp).
-  virtual void launch_captured(const std::function<void()>& launch) { launch(); }
-
-  // For the watchdog's thread (Note [Communication watchdog]). MPI reports its errors where they
-  // happen and has no communicator of its own to abort, so these do nothing there.
-  virtual void prepare_watchdog_thread() {}         // NCCL: the device and the capture mode
-  virtual std::string async_error() { return {}; }  // NCCL: ncclCommGetAsyncError
-  virtual void abort(const std::string& reason) { (void)reason; }  // NCCL: ncclCommAbort
-
- protected:
-  const std::shared_ptr<CommWatchdog>& watchdog() const { return watchdog_; }
-
- private:
-  std::shared_ptr<CommWatchdog> watchdog_;
-};
-
-// Note [Communication watchdog]. Non-copyable, non-movable (its thread refers to it); the
-// Communicator and its backend hold it while a timeout is set, a Work only weakly. The
-// destructor stops and joins the thread.
-class CommWatchdog {
- public:
-  CommWatchdog(MPI_Comm comm, CommBackend& backend, double timeout_s);
-  ~CommWatchdog();
-  CommWatchdog(const CommWatchdog&) = delete;
-  CommWatchdog& operator=(const CommWatchdog&) = delete;
-
-  double timeout_s() const { return timeout_s_; }
-  // While paused, the thread looks at nothing (Note [Graph capture]); time still counts.
-  void set_paused(bool paused) { paused_.store(paused); }
-  void watch(std::shared_ptr<WatchedOperation> operation);
-  bool overdue(const WatchedOperation& operation) const;
-  // Prints `[rank R@host] message`, aborts the backend's communicator and ends the job
-  // (MPI_Abort). The first caller does so; a concurrent second one waits for the end.
-  [[noreturn]] void end_job(const std::string& message);
-  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi)"; no
-  // bytes for a graph replay
-  std::string stall_message(const WatchedOperation& operation) const;
-  // What the thread reported without ending the job (no MPI_THREAD_MULTIPLE); empty if nothing.
-  std::string failure();
-
- private:
-  void run();
-  // The thread's answer to a failure (no lock held).
-  void fail(const std::string& message, bool needs_backend_abort);
-
-  MPI_Comm comm_;
-  CommBackend& backend_;
-  double timeout_s_;
-  std::string where_;                 // "rank R@host", R the world rank
-  bool thread_may_call_mpi_ = false;  // MPI granted MPI_THREAD_MULTIPLE
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::string failure_;  // the failure the thread reported but could not end the job for
-  std::vector<std::shared_ptr<WatchedOperation>> in_flight_;
-  std::atomic<bool> paused_{false};
-  std::atomic<bool> ending_{false};
-  std::thread thread_;  // last: starts once everything above is ready
-};
-
 class Communicator {
  public:
   // Does not take ownership of `comm` (MPI_COMM_WORLD, MPI_COMM_SELF, or a caller's).
@@ -239,15 +152,15 @@ class Communicator {
   // watchdog]); 0 turns the watchdog off. Applies to operations started afterwards. Every rank
   // should set the same value.
   void set_timeout(double seconds);
-  double timeout_s() const { return watchdog_ ? watchdog_->timeout_s() : 0.0; }
+  double timeout_s() const;
 
   // Call with true before capturing CUDA graphs that contain this Communicator's operations, and
   // with false after (Note [Graph capture]): captured operations are not watched, Work::test()
   // queries no events, and the watchdog pauses meanwhile.
   void set_capturing(bool capturing);
   // Launches such a graph: runs `launch` (which queues the replay) as the backend launches its
-  // own operations (CommBackend::launch_captured). Throws Error instead when the watchdog has
-  // reported a failure or the backend was aborted.
+  // own operations (NCCL: never while its communicator is aborted). Throws Error instead when
+  // the watchdog has reported a failure or the backend was aborted.
   void launch_captured(const std::function<void()>& launch);
   // Registers work that is not one of this Communicator's operations but holds them (a graph
   // replay) with the watchdog; nothing without a timeout (Note [Communication watchdog]).
@@ -259,44 +172,40 @@ class Communicator {
   // watchdog names it when the operation stalls.
 
   // In place.
-  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = {}) {
-    return backend_->all_reduce(tensor, op, label);
-  }
-  Work broadcast(at::Tensor& tensor, int root, const std::string& label = {}) {
-    return backend_->broadcast(tensor, root, label);
-  }
+  Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
+  Work broadcast(at::Tensor& tensor, int root, const std::string& label = {});
   // `input` has size() equal slices; this rank's reduced slice lands in `output`
   // (input.numel() / size() elements). `output` may be this rank's own slice of `input` (in
   // place, as NCCL allows it); with one rank that is the identity.
   Work reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum,
-                      const std::string& label = {}) {
-    return backend_->reduce_scatter(input, output, op, label);
-  }
+                      const std::string& label = {});
   // In place: `buffer` has size() equal slices, this rank's own is at rank() * slice; afterwards
   // every slice holds its rank's data.
-  Work all_gather_in_place(at::Tensor& buffer, const std::string& label = {}) {
-    return backend_->all_gather_in_place(buffer, label);
-  }
+  Work all_gather_in_place(at::Tensor& buffer, const std::string& label = {});
 
-  // Small blocking reductions for scalars and flags (loss sums, counts, agreement), over MPI;
-  // watched like the rest.
+  // Small blocking collectives of host values (loss sums, counts, agreement, control data), over
+  // MPI whatever the backend; watched like the rest. Every rank of the communicator calls them
+  // in the same order.
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
   int64_t all_reduce_count(int64_t value, ReduceOp op = ReduceOp::kSum, const std::string& label = {});
-  // Root's `values` to every rank (same length everywhere), over MPI; watched like the rest.
+  // Element-wise, in place; the same length on every rank.
+  void all_reduce_doubles(std::vector<double>& values, ReduceOp op = ReduceOp::kSum,
+                          const std::string& label = {});
+  // Every rank's `value`, in rank order, at `root`; empty on the other ranks.
+  std::vector<int64_t> gather_count(int64_t value, int root, const std::string& label = {});
+  // Root's `values` to every rank (same length everywhere).
   void broadcast_ints(std::vector<int>& values, int root, const std::string& label = {});
+  // Root's `value` to every rank (any length; the others' `value` is not read).
+  std::string broadcast_string(const std::string& value, int root, const std::string& label = {});
 
  private:
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   CommBackendKind kind_;
-  std::unique_ptr<CommBackend> backend_;
+  std::unique_ptr<CommBackend> backend_;    // comm_backend.h
   std::shared_ptr<CommWatchdog> watchdog_;  // while a timeout is set; the backend shares it
   bool capturing_ = false;
 };
-
-// The backends' factories (comm_mpi.cpp, comm_nccl.cpp).
-std::unique_ptr<CommBackend> make_mpi_backend(MPI_Comm comm);
-std::unique_ptr<CommBackend> make_nccl_backend(MPI_Comm comm, int cuda_device);
 
 }  // namespace hpc_train

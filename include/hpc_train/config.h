@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include "hpc_train/config_choices.h"
+
 namespace hpc_train {
 
 inline constexpr const char* kDefaultDatasetPath = "data/fashion-mnist.h5";
@@ -20,8 +22,8 @@ struct TrainConfig {
   std::string dataset_path = kDefaultDatasetPath;  // --dataset
   bool drop_last = false;      // --drop-last: drop the epoch's tail instead of padding it
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
-  std::string augment = "auto";  // --augment auto|on|off: random crop + flip (auto: CIFAR-like data)
-  std::string resident_data = "auto";  // --resident-data auto|on|off: the train split kept on the device
+  Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
+  Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
 
   // [model]
   // --model: a name from the model registry, or a TorchScript file (a path ending in .pt or
@@ -34,7 +36,7 @@ struct TrainConfig {
   int epochs = 10;                // --epochs
   int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
   int micro_batch = 64;           // --micro-batch: samples per rank per step
-  std::string optimizer = "adamw";  // --optimizer adamw|adam
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam
   double lr = 1e-3;               // --lr
   double beta1 = 0.9;             // --beta1
   double beta2 = 0.999;           // --beta2
@@ -43,16 +45,17 @@ struct TrainConfig {
   uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
   int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
   double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
-  std::string lr_schedule = "constant";  // --lr-schedule constant|warmup|warmup-cosine
+  // --lr-schedule constant|warmup|warmup-cosine
+  LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
   int64_t warmup_steps = 0;       // --warmup-steps: optimizer steps of warm-up
-  std::string warmup_type = "linear";    // --warmup-type linear|log (DeepSpeed's default is log)
+  WarmupType warmup_type = WarmupType::kLinear;  // --warmup-type linear|log (DeepSpeed's: log)
   double warmup_start_ratio = 0.0;  // --warmup-start-ratio: lr at step 0, as a fraction of --lr
   double cosine_final_ratio = 0.0;  // --cosine-final-ratio: lr at the end, as a fraction of --lr
   int64_t schedule_steps = 0;     // --schedule-steps: length of the cosine; 0 = the whole run
 
   // [zero] ZeRO partitioning and mixed precision
   int zero_stage = 0;             // --zero-stage 0|1|2
-  std::string precision = "fp32"; // --precision fp32|fp16|bf16
+  Precision precision = Precision::kFp32;  // --precision fp32|fp16|bf16
   double loss_scale = 0.0;        // --loss-scale: fixed fp16 loss scale; 0 = dynamic
   int initial_scale_power = 16;   // --initial-scale-power: dynamic scale starts at 2^this
   int loss_scale_window = 1000;   // --loss-scale-window: steps without overflow before doubling
@@ -65,13 +68,13 @@ struct TrainConfig {
   bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
 
   // [runtime]
-  std::string device = "auto";    // --device auto|cuda|cpu
-  std::string backend = "auto";   // --backend auto|nccl|mpi
+  DeviceChoice device = DeviceChoice::kAuto;    // --device auto|cuda|cpu
+  BackendChoice backend = BackendChoice::kAuto;  // --backend auto|nccl|mpi|none
   int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
   double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
   // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph (step_graph.h); auto falls
   // back to eager steps where the step cannot be captured (MPI backend, gradient accumulation).
-  std::string cuda_graph = "auto";
+  Switch cuda_graph = Switch::kAuto;
   bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
@@ -88,7 +91,8 @@ struct TrainConfig {
   // [output]
   std::string run_dir;            // --run-dir; empty = runs/<UTC timestamp>, chosen by rank 0
   int log_every = 50;             // --log-every: steps between log lines and metrics records
-  std::string progress = "auto";  // --progress auto|bar|lines: a bar when stdout is a terminal
+  // --progress auto|bar|lines: auto draws a bar when stdout is a terminal
+  ProgressStyle progress = ProgressStyle::kAuto;
 };
 
 // DeepSpeed's ds_config.json, mapped onto TrainConfig (deepspeed_config.h); --deepspeed-config.
@@ -114,7 +118,8 @@ struct CommandLine {
 // unknown options, malformed values, unreadable or unknown keys in the INI file.
 CommandLine parse_command_line(int argc, const char* const argv[]);
 
-// Checks values that parse but cannot work (micro_batch 0, lr < 0, an unknown optimizer, ...).
+// Checks values that parse but cannot work (micro_batch 0, lr < 0, a cosine shorter than its
+// warm-up, ...); a choice's name was checked when it was read (config_choices.h).
 // Throws ConfigError that names the option and says what would work. The model name is checked
 // by the model registry, and what depends on the world size or the dataset by
 // validate_for_dataset.
@@ -131,6 +136,10 @@ struct DatasetInfo;  // dataset_file.h
 void validate_for_dataset(const TrainConfig& config, const DatasetInfo& dataset,
                           const std::string& dataset_path, int world_size,
                           int64_t host_memory_bytes, bool input_on_host);
+
+// Whether --resume asks for the run directory's newest checkpoint ("auto"), rather than naming
+// a file (or being empty: a fresh start). --resume stays text, since it is mostly a path.
+bool resumes_newest_checkpoint(const TrainConfig& config);
 
 // The configuration as INI text, grouped by section, every option with its value; reading it
 // back with --config gives the same configuration.

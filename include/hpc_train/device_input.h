@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "hpc_train/batch_loader.h"
+#include "hpc_train/config_choices.h"
 #include "hpc_train/dataset_file.h"
 
 namespace hpc_train {
@@ -45,9 +46,9 @@ struct AugmentOptions {
   bool horizontal_flip = false;  // each sample mirrored left-right with probability 1/2
 };
 
-// The --augment policy. "auto": crop + flip for colour images of at least 32x32 (CIFAR-like),
-// nothing otherwise (MNIST, Fashion-MNIST); "on" / "off" force it. Anything else: ConfigError.
-AugmentOptions default_augmentation(const DatasetInfo& info, const std::string& setting);
+// The --augment policy. auto: crop + flip for colour images of at least 32x32 (CIFAR-like),
+// nothing otherwise (MNIST, Fashion-MNIST); on / off force it.
+AugmentOptions default_augmentation(const DatasetInfo& info, Switch setting);
 
 // Bytes that keep_split_resident() puts on the device for `split`: images and int64 labels.
 int64_t resident_split_bytes(const DatasetInfo& info, Split split);

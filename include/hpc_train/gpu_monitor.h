@@ -3,15 +3,14 @@
 //   GpuMonitor               utilisation, memory used and power of this rank's GPU, from NVML,
 //                            sampled in a thread; averaged (or maxed) per log interval
 //   allocator_peak_bytes     the caching allocator's peak of allocated bytes (LibTorch's own view)
-//   gpu_spread_over_ranks    min and max of those over the ranks, for rank 0's log line
+//   gpu_spread_over_ranks    min and max of those over the ranks, for rank 0's log line (through
+//                            the Communicator, so that --comm-timeout watches it)
 //   peak_flops_per_s         the GPU's dense peak, for MFU (model FLOPs utilisation)
 //
 // NVML is loaded at run time (dlopen of libnvidia-ml.so.1, which comes with the driver), so that
 // nothing links against it: the CPU build, and machines without a driver, just report that
 // monitoring is unavailable and why. Only gpu_monitor.cpp knows NVML.
 #pragma once
-
-#include <mpi.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,7 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "hpc_train/config_choices.h"
+
 namespace hpc_train {
+
+class Communicator;  // comm.h
 
 constexpr double kDefaultGpuSampleIntervalMs = 200.0;
 
@@ -74,8 +77,9 @@ struct MinMax {
 };
 
 // Element-wise min and max of `values` over the ranks of `comm`, on every rank. Collective;
-// every rank passes as many values.
-std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, MPI_Comm comm);
+// every rank passes as many values. `label` names the collective if it stalls.
+std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, Communicator& comm,
+                                       const std::string& label = {});
 
 // One log interval's GPU figures, spread over the ranks.
 struct GpuSpread {
@@ -94,18 +98,15 @@ struct GpuSpread {
 
 // Collective over `comm`: every rank passes its own interval and allocator peak.
 GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_bytes,
-                                MPI_Comm comm);
-
-// Every rank's `value`, in rank order, at `root` (empty elsewhere). Collective. For the
-// summary's per-rank peak memory.
-std::vector<int64_t> gather_at_root(int64_t value, MPI_Comm comm, int root = 0);
+                                Communicator& comm);
 
 // The name CUDA gives `cuda_device` ("NVIDIA H200"); empty in a build without CUDA.
 std::string cuda_device_name(int cuda_device);
 
 // Dense (no 2:4 sparsity) peak FLOP/s of one GPU named `device_name` as CUDA names it, for
-// `precision` "bf16", "fp16", "tf32" or "fp32"; 0 when unknown (MFU is then not reported).
-double peak_flops_per_s(const std::string& device_name, const std::string& precision);
+// arithmetic in `precision`; fp32 as TF32 on the tensor cores when `fp32_as_tf32`. 0 when the
+// GPU is unknown (MFU is then not reported).
+double peak_flops_per_s(const std::string& device_name, Precision precision, bool fp32_as_tf32);
 
 // Model FLOPs utilisation: the FLOP/s the model's arithmetic needs at `samples_per_s` (over all
 // `num_gpus`), as a fraction of their peak. 0 when the peak is unknown.

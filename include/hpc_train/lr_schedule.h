@@ -19,7 +19,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #if defined(__CUDACC__)
 #define HPC_TRAIN_HOST_DEVICE __host__ __device__
@@ -29,20 +28,12 @@
 
 namespace hpc_train {
 
-struct LrScheduleOptions {
-  std::string kind = "constant";       // constant | warmup | warmup-cosine
-  double lr = 1e-3;
-  int64_t warmup_steps = 0;
-  std::string warmup_type = "linear";  // linear | log
-  double warmup_start_ratio = 0.0;
-  double cosine_final_ratio = 0.0;
-  int64_t total_steps = 0;             // for warmup-cosine: the step at which it ends
-};
-
+// --lr-schedule and --warmup-type; their names are in config_choices.h.
 enum class LrScheduleKind : int32_t { kConstant, kWarmup, kWarmupCosine };
 enum class WarmupType : int32_t { kLinear, kLog };
 
-// LrScheduleOptions, validated (LrSchedule's constructor), as plain numbers for host and device.
+// A schedule as plain numbers, for host and device (the fused GPU step evaluates it itself).
+// LrSchedule's constructor validates one.
 struct LrScheduleParams {
   LrScheduleKind kind = LrScheduleKind::kConstant;
   WarmupType warmup_type = WarmupType::kLinear;
@@ -50,7 +41,7 @@ struct LrScheduleParams {
   int64_t warmup_steps = 0;
   double warmup_start_ratio = 0.0;
   double cosine_final_ratio = 0.0;
-  int64_t total_steps = 0;
+  int64_t total_steps = 0;  // for warmup-cosine: the step at which it ends
 };
 
 // The learning rate at optimizer step `step` (Note [Schedule step]); before step 0, step 0's.
@@ -79,8 +70,9 @@ HPC_TRAIN_HOST_DEVICE inline double lr_at(const LrScheduleParams& p, int64_t ste
 
 class LrSchedule {
  public:
-  // Throws ConfigError for an unknown kind or warmup type, or a cosine shorter than its warm-up.
-  explicit LrSchedule(const LrScheduleOptions& options);
+  // Throws ConfigError for a negative warm-up, a ratio outside [0, 1], or a cosine shorter than
+  // its warm-up.
+  explicit LrSchedule(const LrScheduleParams& params);
   double lr_at(int64_t step) const { return hpc_train::lr_at(params_, step); }
   const LrScheduleParams& params() const { return params_; }
 

@@ -1,12 +1,30 @@
-// Models: the registry of built-in networks, chosen by name and sized from the dataset's shape,
-// and the trainer's view of any model, built in or a TorchScript file (load_model).
+// Models: the registry of built-in networks, chosen by name and sized from the dataset's shape
+// (its channels and classes; the zoo's networks take any image size, VGG at least 32x32), and the
+// trainer's view of any model, built in or a TorchScript file (load_model).
 //
-//   simple_cnn  the origin's network: conv 3x3 C->32, ReLU, max-pool 2; conv 3x3 32->64, ReLU,
-//               max-pool 2; linear -> 512, ReLU; linear -> classes (convolutions padded by 1)
-//   resnet18    ResNet-18, CIFAR variant: 3x3 stride-1 stem, no max-pool, BasicBlocks [2,2,2,2]
+//   simple_cnn         the origin's network: conv 3x3 C->32, ReLU, max-pool 2; conv 3x3 32->64,
+//                      ReLU, max-pool 2; linear -> 512, ReLU; linear -> classes (padded convs)
+//   resnet18           ResNet-18, CIFAR stem: 3x3 stride-1 convolution, no max-pool;
+//                      BasicBlocks [2,2,2,2]
+//   resnet34           ResNet-34, CIFAR stem; BasicBlocks [3,4,6,3]
+//   resnet50           ResNet-50, CIFAR stem; Bottlenecks [3,4,6,3]
+//   resnet18_imagenet  torchvision's resnet18, 34 and 50 exactly: 7x7 stride-2 stem and
+//   resnet34_imagenet  3x3 stride-2 max-pool (Note [Two ResNet stems] in models.cpp says why
+//   resnet50_imagenet  the bare names keep the CIFAR stem)
+//   wide_resnet16_8    WRN-16-8 for CIFAR (Zagoruyko & Komodakis): pre-activation blocks, stages
+//                      128/256/512 wide, 2 blocks each (models_resnet.cpp describes it)
+//   vgg11_bn           torchvision's vgg11_bn and vgg16_bn: 3x3 convolutions with batch norm,
+//   vgg16_bn           adaptive average pool to 7x7, classifier 25088 -> 4096 -> 4096 -> classes
+//                      with dropout 0.5 (active in training, off in evaluation)
 //
-// Parameter names follow the PyTorch definitions in bench/reference/, so that weights can be
-// exchanged with PyTorch under the same names.
+// Parameter and buffer names, and their state_dict order, are torchvision's for the networks
+// torchvision has (the same module structure: layer1.0.conv1.weight, layer1.0.downsample.0.weight,
+// features.0.weight, classifier.6.bias, bn1.num_batches_tracked, ...), and those of the PyTorch
+// definitions in bench/reference/models.py for the others, so that weights move both ways under
+// the same names. A network whose first layer torchvision fixes at 3 input channels takes the
+// dataset's channel count there instead (only that tensor's shape differs). The zoo's networks
+// start from torchvision's initialisation (Note [torchvision's initialisation], model_zoo.h);
+// simple_cnn and resnet18 keep LibTorch's defaults.
 //
 // Note [Two kinds of model]
 // The trainer sees every model through TrainableModel: forward, its parameters and buffers under
@@ -30,6 +48,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "hpc_train/model_names.h"
 
 namespace hpc_train {
 
@@ -90,8 +110,6 @@ bool names_torchscript_file(const std::string& model);
 // be used (each reason named).
 std::unique_ptr<TrainableModel> load_model(const std::string& model, const ModelShape& shape);
 
-std::vector<std::string> model_names();
-
 // Throws ConfigError for an unknown name (listing the known ones) or a shape the network
 // cannot take.
 std::shared_ptr<Model> make_model(const std::string& name, const ModelShape& shape);
@@ -101,7 +119,7 @@ std::shared_ptr<Model> make_model(const std::string& name, const ModelShape& sha
 // Left out, as negligible: biases, activations, pooling, batch norm and residual additions —
 // a few operations per output element, against hundreds to thousands of multiply-accumulates
 // per output element in all but the first convolution (well under 1% of the total). Throws
-// ConfigError for an unknown name or a shape without channels or classes.
+// ConfigError for an unknown name or a shape the network cannot take.
 double forward_flops_per_sample(const std::string& name, const ModelShape& shape);
 
 // A training step per sample: forward, plus a backward that computes the gradients of both the

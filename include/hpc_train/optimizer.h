@@ -7,7 +7,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <string>
+
+#include "hpc_train/config_choices.h"
 
 namespace hpc_train {
 
@@ -20,8 +21,8 @@ struct AdamOptions {
   bool decoupled_weight_decay = true;  // true: AdamW, false: Adam with L2 penalty
 };
 
-// "adamw" | "adam" -> options with those hyper-parameters.
-AdamOptions adam_options(const std::string& optimizer, double lr, double beta1, double beta2,
+// --optimizer's options with those hyper-parameters.
+AdamOptions adam_options(OptimizerKind optimizer, double lr, double beta1, double beta2,
                          double eps, double weight_decay);
 
 // One update of `parameters` (fp32, in place) from `grads`, with moments `exp_avg` and

@@ -30,6 +30,6 @@ ZeroOptions zero_options(const TrainConfig& config);
 
 // The LR schedule of a run of `run_steps` optimizer steps (--schedule-steps, when given, sets
 // the cosine's length instead).
-LrScheduleOptions lr_schedule_options(const TrainConfig& config, int64_t run_steps);
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
 
 }  // namespace hpc_train

@@ -160,12 +160,15 @@ class ZeroOptimizer {
   at::Tensor assemble_full(const at::Tensor& partition);  // collective, flat layout
   // Stages 1, 2: every rank's updated slices to every rank. Returns the milliseconds it took.
   double all_gather_parameters();
-  // The device path (GPU build; the CPU build's versions throw). Buffers that live as long as
-  // the optimizer; the segment table and reduction scratch for the current layout; one step's
-  // kernels and reductions, with the host's learning rate and loss scale or (nullptr) the device's.
+  // The device path (zero_optimizer_cuda.cpp; a CPU build's, zero_optimizer_cpu.cpp, throw).
+  // Buffers that live as long as the optimizer; the segment table and reduction scratch for the
+  // current layout; one step's kernels and reductions, with the host's learning rate and loss
+  // scale or (nullptr) the device's.
   void create_device_buffers();
   void prepare_device_layout();
   void enqueue_device_step(const HostStepInputs* host_inputs);
+  // Throws Error: the device path's `method` was called, but the parameters are on the CPU.
+  [[noreturn]] static void no_gpu(const char* method);
 
   FlatParameters& flat_;
   Reducer& reducer_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "hdf5_attributes.h"
 #include "hdf5_util.h"
 #include "hpc_train/error.h"
 
@@ -284,10 +285,10 @@ std::string describe_dataset_file(const std::string& path) {
       const int filters = H5_CHECK(H5Pget_nfilters(layout.get()));
       if (filters > 0) chunks += ", " + std::to_string(filters) + " filter(s)";
     }
-    if (H5_CHECK(H5Aexists(file.get(), "format_version")) > 0) {
-      h5::Attribute version(H5_CHECK(H5Aopen(file.get(), "format_version", H5P_DEFAULT)));
-      H5_CHECK(H5Aread(version.get(), H5T_NATIVE_INT64, &format_version));
-    }
+    std::error_code error;
+    const uintmax_t file_bytes = fs::file_size(path, error);
+    const h5::AttributeReader attributes(file.get(), "", path + ": ", error ? 0 : file_bytes);
+    if (attributes.has("format_version")) format_version = attributes.integer("format_version");
   }
 
   auto per_channel = [](const std::vector<float>& values) {

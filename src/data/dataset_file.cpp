@@ -10,7 +10,9 @@
 #include <limits>
 #include <system_error>
 
+#include "hdf5_attributes.h"
 #include "hdf5_util.h"
+#include "hpc_train/atomic_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime.h"
 
@@ -62,21 +64,6 @@ int64_t checked_sample_bytes(const std::string& path, int64_t channels, int64_t 
   return bytes;
 }
 
-// "8-bit unsigned integer", "32-bit float", ... for messages about a dataset's dtype.
-std::string describe_type(hid_t type) {
-  const std::string bits = std::to_string(8 * H5Tget_size(type)) + "-bit ";
-  switch (H5Tget_class(type)) {
-    case H5T_INTEGER:
-      return bits + (H5Tget_sign(type) == H5T_SGN_NONE ? "unsigned integer" : "signed integer");
-    case H5T_FLOAT:
-      return bits + "float";
-    case H5T_STRING:
-      return "string";
-    default:
-      return "non-numeric type";
-  }
-}
-
 void require_regular_file(const std::string& path) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
@@ -86,96 +73,6 @@ void require_regular_file(const std::string& path) {
     throw DataError(path + ": is a directory, not a dataset file");
   if (status.type() != fs::file_type::regular) throw DataError(path + ": not a regular file");
 }
-
-// --- Reading attributes of the root group (lock held) -------------------------------------
-
-class AttributeReader {
- public:
-  AttributeReader(const std::string& path, hid_t object) : path_(path), object_(object) {}
-
-  bool has(const char* name) const { return H5_CHECK(H5Aexists(object_, name)) > 0; }
-
-  int64_t integer(const char* name) const {
-    Opened a = open(name);
-    if (H5Tget_class(a.type.get()) != H5T_INTEGER || a.points != 1)
-      throw DataError(where(name) + " must be one integer");
-    int64_t value = 0;
-    H5_CHECK(H5Aread(a.attribute.get(), H5T_NATIVE_INT64, &value));
-    return value;
-  }
-
-  std::vector<float> floats(const char* name) const {
-    Opened a = open(name);
-    const H5T_class_t type_class = H5Tget_class(a.type.get());
-    if (type_class != H5T_FLOAT && type_class != H5T_INTEGER)
-      throw DataError(where(name) + " must be numbers, not " + describe_type(a.type.get()));
-    std::vector<float> values(static_cast<size_t>(a.points));
-    H5_CHECK(H5Aread(a.attribute.get(), H5T_NATIVE_FLOAT, values.data()));
-    return values;
-  }
-
-  // Variable-length (what h5py writes for str) or fixed-length strings, scalar or 1-D.
-  std::vector<std::string> strings(const char* name) const {
-    Opened a = open(name);
-    if (H5Tget_class(a.type.get()) != H5T_STRING)
-      throw DataError(where(name) + " must be strings, not " + describe_type(a.type.get()));
-    const size_t count = static_cast<size_t>(a.points);
-    std::vector<std::string> values;
-    h5::Type memory_type(H5_CHECK(H5Tcopy(H5T_C_S1)));
-    H5_CHECK(H5Tset_cset(memory_type.get(), H5Tget_cset(a.type.get())));
-    if (H5_CHECK(H5Tis_variable_str(a.type.get())) > 0) {
-      H5_CHECK(H5Tset_size(memory_type.get(), H5T_VARIABLE));
-      std::vector<char*> pointers(count, nullptr);
-      H5_CHECK(H5Aread(a.attribute.get(), memory_type.get(), pointers.data()));
-      for (char* pointer : pointers) {
-        values.emplace_back(pointer ? pointer : "");
-        H5free_memory(pointer);  // HDF5 allocated it; free it with HDF5's allocator
-      }
-    } else {
-      const size_t width = H5Tget_size(a.type.get());
-      H5_CHECK(H5Tset_size(memory_type.get(), width));
-      H5_CHECK(H5Tset_strpad(memory_type.get(), H5T_STR_NULLPAD));
-      std::vector<char> buffer(count * width);
-      H5_CHECK(H5Aread(a.attribute.get(), memory_type.get(), buffer.data()));
-      for (size_t i = 0; i < count; ++i) {
-        const char* begin = buffer.data() + i * width;
-        values.emplace_back(begin, std::find(begin, begin + width, '\0'));
-      }
-    }
-    return values;
-  }
-
- private:
-  struct Opened {
-    h5::Attribute attribute;
-    h5::Type type;
-    hssize_t points = 0;
-  };
-
-  std::string where(const char* name) const { return path_ + ": attribute '" + name + "'"; }
-
-  Opened open(const char* name) const {
-    if (!has(name)) throw DataError(path_ + ": missing attribute '" + name + "' on the root group");
-    Opened a;
-    a.attribute = h5::Attribute(H5_CHECK(H5Aopen(object_, name, H5P_DEFAULT)));
-    a.type = h5::Type(H5_CHECK(H5Aget_type(a.attribute.get())));
-    h5::Dataspace space(H5_CHECK(H5Aget_space(a.attribute.get())));
-    a.points = H5_CHECK(H5Sget_simple_extent_npoints(space.get()));
-    // An attribute's values are stored in the file, but HDF5's own size check can wrap: it wrote
-    // class_names of 2^61 + 3 strings, which the readers below tried to allocate (found by
-    // fuzz/fuzz_dataset_file.cpp). Checked before anything is allocated for the values.
-    std::error_code error;
-    const uintmax_t file_bytes = fs::file_size(path_, error);
-    const size_t value_bytes = std::max<size_t>(1, H5Tget_size(a.type.get()));
-    if (error || static_cast<uintmax_t>(a.points) > file_bytes / value_bytes)
-      throw DataError(where(name) + " claims " + std::to_string(a.points) + " values of " +
-                      std::to_string(value_bytes) + " bytes, more than the file holds");
-    return a;
-  }
-
-  const std::string& path_;
-  hid_t object_;
-};
 
 // --- One split's datasets ---------------------------------------------------------------
 
@@ -224,7 +121,7 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
   h5::Type image_type(H5_CHECK(H5Dget_type(d.images.get())));
   if (H5Tget_class(image_type.get()) != H5T_INTEGER || H5Tget_size(image_type.get()) != 1 ||
       H5Tget_sign(image_type.get()) != H5T_SGN_NONE)
-    throw DataError(images_name + " has dtype " + describe_type(image_type.get()) +
+    throw DataError(images_name + " has dtype " + h5::describe_type(image_type.get()) +
                     ", expected 8-bit unsigned integer");
   const std::vector<hsize_t> image_dims = dataset_dims(d.images.get());
   if (image_dims.size() != 4)
@@ -251,7 +148,7 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
   const std::string labels_name = path + ": " + group + "/labels";
   h5::Type label_type(H5_CHECK(H5Dget_type(labels.get())));
   if (H5Tget_class(label_type.get()) != H5T_INTEGER)
-    throw DataError(labels_name + " has dtype " + describe_type(label_type.get()) +
+    throw DataError(labels_name + " has dtype " + h5::describe_type(label_type.get()) +
                     ", expected integers");
   const std::vector<hsize_t> label_dims = dataset_dims(labels.get());
   if (label_dims.size() != 1)
@@ -296,7 +193,10 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
 }
 
 DatasetInfo read_info(const std::string& path, hid_t root) {
-  const AttributeReader attributes(path, root);
+  // Every attribute of a dataset file is on its root group.
+  std::error_code error;
+  const uintmax_t file_bytes = fs::file_size(path, error);
+  const h5::AttributeReader attributes(root, "", path + ": ", error ? 0 : file_bytes);
   DatasetInfo info;
   if (attributes.has("format_version")) {
     const int64_t version = attributes.integer("format_version");
@@ -356,38 +256,6 @@ DatasetInfo read_info(const std::string& path, hid_t root) {
 
 // --- Writing (lock held) -----------------------------------------------------------------
 
-void write_integer_attribute(hid_t object, const char* name, int64_t value) {
-  h5::Dataspace space(H5_CHECK(H5Screate(H5S_SCALAR)));
-  h5::Attribute attribute(H5_CHECK(
-      H5Acreate2(object, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-  H5_CHECK(H5Awrite(attribute.get(), H5T_NATIVE_INT64, &value));
-}
-
-void write_float_attribute(hid_t object, const char* name, const std::vector<float>& values) {
-  const hsize_t count = values.size();
-  h5::Dataspace space(H5_CHECK(H5Screate_simple(1, &count, nullptr)));
-  h5::Attribute attribute(H5_CHECK(
-      H5Acreate2(object, name, H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-  H5_CHECK(H5Awrite(attribute.get(), H5T_NATIVE_FLOAT, values.data()));
-}
-
-// Variable-length UTF-8 strings, as h5py writes a str (scalar) or a list of str (1-D), so that
-// h5py reads them back as str. See data/README.md.
-void write_string_attribute(hid_t object, const char* name, const std::vector<std::string>& values,
-                            bool scalar) {
-  h5::Type type(H5_CHECK(H5Tcopy(H5T_C_S1)));
-  H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  const hsize_t count = values.size();
-  h5::Dataspace space(H5_CHECK(scalar ? H5Screate(H5S_SCALAR)
-                                      : H5Screate_simple(1, &count, nullptr)));
-  h5::Attribute attribute(
-      H5_CHECK(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
-  std::vector<const char*> pointers;
-  for (const std::string& value : values) pointers.push_back(value.c_str());
-  H5_CHECK(H5Awrite(attribute.get(), type.get(), pointers.data()));
-}
-
 void write_split(hid_t file, Split split, const DatasetInfo& info,
                  const std::vector<uint8_t>& images, const std::vector<int64_t>& labels) {
   h5::Group group(H5_CHECK(
@@ -418,6 +286,28 @@ void write_split(hid_t file, Split split, const DatasetInfo& info,
                     images.data()));
   H5_CHECK(H5Dwrite(label_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                     labels.data()));
+}
+
+// The whole of `contents` (its info complete) as a dataset file at `path`, flushed and closed.
+void write_contents(const std::string& path, const DatasetContents& contents) {
+  const DatasetInfo& info = contents.info;
+  h5::Lock lock;  // Note [HDF5 lock]
+  h5::File file(H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
+  {
+    h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
+    h5::write_integer_attribute(root.get(), "format_version", kFormatVersion);
+    h5::write_integer_attribute(root.get(), "num_classes", info.num_classes);
+    h5::write_variable_strings_attribute(root.get(), "class_names", info.class_names, false);
+    h5::write_integer_attribute(root.get(), "channels", info.channels);
+    h5::write_integer_attribute(root.get(), "height", info.height);
+    h5::write_integer_attribute(root.get(), "width", info.width);
+    h5::write_floats_attribute(root.get(), "mean", info.mean);
+    h5::write_floats_attribute(root.get(), "std", info.std);
+    h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
+  }
+  write_split(file.get(), Split::kTrain, info, contents.train_images, contents.train_labels);
+  write_split(file.get(), Split::kTest, info, contents.test_images, contents.test_labels);
+  H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
 }
 
 // Per-channel mean and (population) standard deviation of the images scaled to [0, 1]. The sums
@@ -667,40 +557,14 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
                       " has the same value in every pixel of every train image (std 0), so "
                       "normalising the inputs would divide by zero");
 
-  // Written under a temporary name and renamed when complete, so that a failed or interrupted
-  // conversion never leaves a half-written file under the final name.
-  const std::string temporary = path + ".partial-" + std::to_string(getpid());
+  // Note [Atomic file write]: a failed or killed conversion never leaves a half-written file
+  // under the final name; a killed one may leave <path>.partial-<pid> beside it.
+  AtomicFile file(path, ".partial-" + std::to_string(getpid()));
   try {
-    h5::Lock lock;  // Note [HDF5 lock]
-    h5::File file(H5_CHECK(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
-    {
-      h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
-      write_integer_attribute(root.get(), "format_version", kFormatVersion);
-      write_integer_attribute(root.get(), "num_classes", info.num_classes);
-      write_string_attribute(root.get(), "class_names", info.class_names, false);
-      write_integer_attribute(root.get(), "channels", info.channels);
-      write_integer_attribute(root.get(), "height", info.height);
-      write_integer_attribute(root.get(), "width", info.width);
-      write_float_attribute(root.get(), "mean", info.mean);
-      write_float_attribute(root.get(), "std", info.std);
-      write_string_attribute(root.get(), "source", {info.source}, true);
-    }
-    write_split(file.get(), Split::kTrain, info, contents.train_images, contents.train_labels);
-    write_split(file.get(), Split::kTest, info, contents.test_images, contents.test_labels);
-    H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
-  } catch (const Error& e) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
+    write_contents(file.temporary(), contents);
+    file.commit();
+  } catch (const Error& e) {  // `file` removes the temporary file
     throw DataError("cannot write " + path + ": " + e.what());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw;
-  }
-  fs::rename(temporary, path, error);
-  if (error) {
-    fs::remove(temporary, error);
-    throw DataError("cannot write " + path + ": renaming " + temporary + ": " + error.message());
   }
 }
 

@@ -12,7 +12,8 @@ library only: nothing to install).
 
 --shape and --classes default to the file's __metadata__ (channels, height, width, num_classes).
 The expected names and shapes follow bench/reference/models.py (and src/models.cpp); keep them
-in step. Exit codes: 0 all checks pass, 1 a check failed, 2 usage, 3 not a valid safetensors
+in step. simple_cnn's and resnet18's are listed here; the model zoo's others come from PyTorch
+(bench/reference/models.py's build(): torchvision), so they need torch and torchvision. Exit codes: 0 all checks pass, 1 a check failed, 2 usage, 3 not a valid safetensors
 file (as hpc_train's own data errors).
 """
 import argparse
@@ -20,6 +21,7 @@ import array
 import ast
 import json
 import math
+import pathlib
 import struct
 import sys
 import zipfile
@@ -203,8 +205,24 @@ def expected_state_dict(model, channels, height, width, classes):
             in_channels = width_out
         linear("fc", 512, classes)
     else:
-        raise ValueError(f"unknown model {model!r}; known: simple_cnn, resnet18")
+        return pytorch_state_dict(model, channels, height, width, classes)
     return entries
+
+
+def pytorch_state_dict(model, channels, height, width, classes):
+    """expected_state_dict for the model zoo's other networks: the state_dict of
+    bench/reference/models.py's build() (torchvision's networks), which needs torch and
+    torchvision."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "reference"))
+    try:
+        import torch
+        import models
+    except ImportError as error:
+        raise ValueError(f"the names and shapes of {model!r} come from PyTorch ({error}); "
+                         "install python3-torch python3-torchvision") from None
+    state = models.build(model, channels, height, width, classes).state_dict()
+    return [(name, list(tensor.shape), "I64" if tensor.dtype == torch.int64 else "float")
+            for name, tensor in state.items()]
 
 
 def model_dimensions(args, metadata):

@@ -24,7 +24,7 @@ inline Placement test_placement(TrainConfig& config, MPI_Comm comm) {
   if (!testing_on_gpu()) return Placement{};
   // TF32 convolutions would differ from the fp32 reference by far more than rounding.
   at::globalContext().setAllowTF32CuDNN(false);
-  config.device = "cuda";
+  config.device = DeviceChoice::kCuda;
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   return resolve_placement(config, comm, probe_devices("localhost", rank));

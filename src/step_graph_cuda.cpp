@@ -1,9 +1,7 @@
+// StepGraph and TrainingStreamScope of a GPU build (step_graph.h): LibTorch's CUDA graphs, the
+// replay watched as a collective is. The CPU build's are in step_graph_cpu.cpp.
 #include "hpc_train/step_graph.h"
 
-#include "hpc_train/comm.h"
-#include "hpc_train/error.h"
-
-#ifdef HPC_TRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,13 +14,12 @@
 #include <exception>
 #include <optional>
 
+#include "hpc_train/comm.h"
 #include "hpc_train/cuda_check.h"
+#include "hpc_train/error.h"
 #include "hpc_train/gpu_stall.h"
-#endif
 
 namespace hpc_train {
-
-#ifdef HPC_TRAIN_WITH_CUDA
 
 bool cuda_graphs_available() { return true; }
 
@@ -195,27 +192,5 @@ void StepGraph::replay(Communicator& comm, const std::string& label) {
   });
   if (watched) comm.watch(std::move(watched));
 }
-
-#else
-
-bool cuda_graphs_available() { return false; }
-
-struct TrainingStreamScope::Impl {};
-TrainingStreamScope::TrainingStreamScope(bool) {}
-TrainingStreamScope::~TrainingStreamScope() = default;
-
-struct StepGraph::Impl {};
-StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
-StepGraph::~StepGraph() = default;
-bool StepGraph::capture(const std::function<void()>&, std::string* why) {
-  if (why) *why = "this build has no CUDA";
-  return false;
-}
-bool StepGraph::captured() const { return false; }
-void StepGraph::replay(Communicator&, const std::string&) {
-  throw Error("StepGraph::replay: this build has no CUDA");
-}
-
-#endif
 
 }  // namespace hpc_train

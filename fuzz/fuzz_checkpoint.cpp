@@ -2,7 +2,7 @@
 // The input is a recipe of the file, Note [HDF5 recipes].
 #include "fuzz_support.h"
 #include "hdf5_recipe.h"
-#include "hpc_train/checkpoint.h"
+#include "hpc_train/io/checkpoint.h"
 
 using namespace hpc_train;
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "fuzz_support.h"
-#include "hpc_train/converters.h"
+#include "hpc_train/data/converters.h"
 
 using namespace hpc_train;
 

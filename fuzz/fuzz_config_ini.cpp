@@ -2,7 +2,7 @@
 // validation, and the round trip that config.h promises: to_ini's text, read back with --config,
 // gives the same configuration.
 #include "fuzz_support.h"
-#include "hpc_train/config.h"
+#include "hpc_train/config/config.h"
 
 using namespace hpc_train;
 

@@ -3,7 +3,7 @@
 // opens can be read. The input is a recipe of the file, Note [HDF5 recipes].
 #include "fuzz_support.h"
 #include "hdf5_recipe.h"
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/data/dataset_file.h"
 
 using namespace hpc_train;
 

@@ -1,7 +1,7 @@
 // The DeepSpeed ds_config.json import (apply_deepspeed_config), at 1 rank with unknown keys
 // refused and at 3 ranks with them allowed, then the resolved configuration written as INI.
 #include "fuzz_support.h"
-#include "hpc_train/deepspeed_config.h"
+#include "hpc_train/config/deepspeed_config.h"
 
 using namespace hpc_train;
 

@@ -1,7 +1,7 @@
 // The safetensors header reader (read_safetensors_header), then every tensor's bytes
 // (read_safetensors_tensor), which is what the header's validation is there for.
 #include "fuzz_support.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/io/safetensors.h"
 
 using namespace hpc_train;
 

@@ -2,7 +2,7 @@
 // central directory (read_zip_directory), the version record and content identity
 // (read_torchscript_file_info), and every stored entry's bytes (read_stored_zip_entry).
 #include "fuzz_support.h"
-#include "hpc_train/torchscript_file.h"
+#include "hpc_train/model/torchscript_file.h"
 
 using namespace hpc_train;
 

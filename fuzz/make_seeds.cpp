@@ -21,11 +21,11 @@
 #include "example_checkpoints.h"
 #include "fuzz_support.h"
 #include "hdf5_recipe.h"
-#include "hpc_train/checkpoint.h"
-#include "hpc_train/config.h"
-#include "hpc_train/converters.h"
-#include "hpc_train/deepspeed_config.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/data/converters.h"
+#include "hpc_train/config/deepspeed_config.h"
+#include "hpc_train/io/safetensors.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;

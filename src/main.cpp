@@ -15,16 +15,16 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/config.h"
-#include "hpc_train/dataset_file.h"
-#include "hpc_train/deepspeed_config.h"
-#include "hpc_train/atomic_file.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/config/deepspeed_config.h"
+#include "hpc_train/io/atomic_file.h"
 #include "hpc_train/error.h"
-#include "hpc_train/placement.h"
-#include "hpc_train/run_dir.h"
-#include "hpc_train/runtime.h"
-#include "hpc_train/stop_signal.h"
-#include "hpc_train/trainer.h"
+#include "hpc_train/runtime/placement.h"
+#include "hpc_train/runtime/run_dir.h"
+#include "hpc_train/runtime/runtime.h"
+#include "hpc_train/runtime/stop_signal.h"
+#include "hpc_train/train/trainer.h"
 
 using namespace hpc_train;
 

@@ -9,7 +9,7 @@ hpc_train_add_test(NAME test_dataset_file SOURCES test_dataset_file.cpp RANKS 1 
   TIMEOUT 60)
 hpc_train_add_script_test(NAME test_data_tool SCRIPT test_data_tool.sh LABELS data TIMEOUT 60)
 # The HDF5 attribute reader and writers that dataset files and checkpoints share
-# (src/data/hdf5_attributes.h: private, so this test alone sees src/).
+# (src/io/hdf5_attributes.h: private, so this test alone sees src/).
 hpc_train_add_test(NAME test_hdf5_attributes SOURCES test_hdf5_attributes.cpp RANKS 1
   LABELS data TIMEOUT 60)
 target_include_directories(test_hdf5_attributes PRIVATE ${PROJECT_SOURCE_DIR}/src)

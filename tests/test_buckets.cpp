@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "hpc_train/buckets.h"
+#include "hpc_train/comm/buckets.h"
 #include "hpc_train/error.h"
 
 using namespace hpc_train;

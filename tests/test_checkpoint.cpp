@@ -20,12 +20,12 @@
 #include <random>
 
 #include "example_checkpoints.h"
-#include "hpc_train/checkpoint.h"
-#include "hpc_train/checkpoint_files.h"
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/io/checkpoint_files.h"
+#include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
-#include "hpc_train/runtime.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/runtime/runtime.h"
+#include "hpc_train/io/safetensors.h"
 #include "mpi_world.h"
 
 using namespace hpc_train;

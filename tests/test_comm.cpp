@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "hpc_train/comm.h"
+#include "hpc_train/comm/comm.h"
 #include "hpc_train/error.h"
 
 #ifdef HPC_TRAIN_TEST_ON_GPU
@@ -25,8 +25,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
-#include "comm_backend.h"  // src/, private: NcclAbort drives the backend directly
-#include "hpc_train/step_graph.h"
+#include "comm/comm_backend.h"  // src/, private: NcclAbort drives the backend directly
+#include "hpc_train/train/step_graph.h"
 #endif
 
 using hpc_train::Communicator;

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/config.h"
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
-#include "hpc_train/model_names.h"
+#include "hpc_train/model/model_names.h"
 
 namespace hpc_train {
 namespace {

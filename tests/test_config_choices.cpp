@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "hpc_train/config_choices.h"
+#include "hpc_train/config/config_choices.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "hpc_train/converters.h"
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/data/converters.h"
+#include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
 
 using namespace hpc_train;

@@ -21,11 +21,11 @@
 #include <functional>
 #include <limits>
 
-#include "hpc_train/batch_loader.h"
-#include "hpc_train/dataset_file.h"
-#include "hpc_train/epoch_plan.h"
+#include "hpc_train/data/batch_loader.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
-#include "hpc_train/runtime.h"
+#include "hpc_train/runtime/runtime.h"
 #include "mpi_world.h"
 
 using namespace hpc_train;

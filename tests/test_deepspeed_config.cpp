@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/config.h"
-#include "hpc_train/deepspeed_config.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/config/deepspeed_config.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {

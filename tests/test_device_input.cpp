@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "hpc_train/device_input.h"
+#include "hpc_train/data/device_input.h"
 #include "hpc_train/error.h"
-#include "hpc_train/step_graph.h"
+#include "hpc_train/train/step_graph.h"
 #include "synthetic_dataset.h"
 
 namespace hpc_train {

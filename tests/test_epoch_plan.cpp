@@ -7,7 +7,7 @@
 #include <numeric>
 #include <set>
 
-#include "hpc_train/epoch_plan.h"
+#include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
 
 using namespace hpc_train;

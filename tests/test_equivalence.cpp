@@ -5,9 +5,9 @@
 
 #include <filesystem>
 
-#include "hpc_train/comm.h"
-#include "hpc_train/runtime.h"
-#include "hpc_train/trainer.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/runtime/runtime.h"
+#include "hpc_train/train/trainer.h"
 #include "synthetic_dataset.h"
 #include "test_device.h"
 

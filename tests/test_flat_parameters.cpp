@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hpc_train/flat_parameters.h"
+#include "hpc_train/model/flat_parameters.h"
 
 namespace {
 

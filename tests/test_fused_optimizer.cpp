@@ -35,14 +35,14 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/comm.h"
+#include "hpc_train/comm/comm.h"
 #include "hpc_train/error.h"
-#include "hpc_train/flat_parameters.h"
-#include "hpc_train/fused_optimizer.h"
-#include "hpc_train/loss_scaler.h"
-#include "hpc_train/optimizer.h"
-#include "hpc_train/reducer.h"
-#include "hpc_train/zero_optimizer.h"
+#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/optim/fused_optimizer.h"
+#include "hpc_train/optim/loss_scaler.h"
+#include "hpc_train/optim/optimizer.h"
+#include "hpc_train/comm/reducer.h"
+#include "hpc_train/optim/zero_optimizer.h"
 
 namespace {
 

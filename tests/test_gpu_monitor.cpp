@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "hpc_train/comm.h"
+#include "hpc_train/comm/comm.h"
 #include "hpc_train/error.h"
-#include "hpc_train/gpu_monitor.h"
-#include "hpc_train/models.h"
+#include "hpc_train/monitor/gpu_monitor.h"
+#include "hpc_train/model/models.h"
 #include "mpi_world.h"
 
 using namespace hpc_train;

@@ -1,4 +1,4 @@
-// The HDF5 attributes that dataset files and checkpoints share (src/data/hdf5_attributes.h, a
+// The HDF5 attributes that dataset files and checkpoints share (src/io/hdf5_attributes.h, a
 // private header): every writer's value reads back exactly; every reader refuses every other
 // class, count and size with a DataError in the words the two owners' messages use (a named
 // object for checkpoints, the unnamed root group of a dataset file); sizes are bounded by the
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "data/hdf5_attributes.h"
-#include "data/hdf5_util.h"
+#include "io/hdf5_attributes.h"
+#include "io/hdf5_util.h"
 #include "hpc_train/error.h"
 
 using namespace hpc_train;

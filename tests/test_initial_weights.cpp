@@ -11,8 +11,8 @@
 #include <filesystem>
 
 #include "hpc_train/error.h"
-#include "hpc_train/initial_weights.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/model/initial_weights.h"
+#include "hpc_train/io/safetensors.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;

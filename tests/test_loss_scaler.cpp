@@ -7,7 +7,7 @@
 #include <string>
 
 #include "hpc_train/error.h"
-#include "hpc_train/loss_scaler.h"
+#include "hpc_train/optim/loss_scaler.h"
 
 namespace hpc_train {
 namespace {

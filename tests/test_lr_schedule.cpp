@@ -7,7 +7,7 @@
 #include <string>
 
 #include "hpc_train/error.h"
-#include "hpc_train/lr_schedule.h"
+#include "hpc_train/optim/lr_schedule.h"
 
 namespace hpc_train {
 namespace {

@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
-#include "hpc_train/model_names.h"
-#include "hpc_train/models.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/model/model_names.h"
+#include "hpc_train/model/models.h"
+#include "hpc_train/io/safetensors.h"
 
 namespace {
 

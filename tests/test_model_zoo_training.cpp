@@ -13,10 +13,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "hpc_train/comm.h"
-#include "hpc_train/dataset_file.h"
-#include "hpc_train/runtime.h"
-#include "hpc_train/trainer.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/runtime/runtime.h"
+#include "hpc_train/train/trainer.h"
 #include "synthetic_dataset.h"
 #include "test_device.h"
 

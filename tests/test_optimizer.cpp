@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "hpc_train/error.h"
-#include "hpc_train/optimizer.h"
+#include "hpc_train/optim/optimizer.h"
 
 namespace {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/comm.h"
-#include "hpc_train/config.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/config/config.h"
 #include "hpc_train/error.h"
-#include "hpc_train/placement.h"
+#include "hpc_train/runtime/placement.h"
 #include "mpi_world.h"
 
 using hpc_train::CommBackendKind;

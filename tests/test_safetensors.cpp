@@ -16,7 +16,7 @@
 #include <tuple>
 
 #include "hpc_train/error.h"
-#include "hpc_train/safetensors.h"
+#include "hpc_train/io/safetensors.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "hpc_train/error.h"
-#include "hpc_train/torchscript_file.h"
+#include "hpc_train/model/torchscript_file.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;

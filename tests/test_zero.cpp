@@ -9,11 +9,11 @@
 #include <cmath>
 #include <filesystem>
 
-#include "hpc_train/comm.h"
-#include "hpc_train/reducer.h"
-#include "hpc_train/runtime.h"
-#include "hpc_train/trainer.h"
-#include "hpc_train/zero_optimizer.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/comm/reducer.h"
+#include "hpc_train/runtime/runtime.h"
+#include "hpc_train/train/trainer.h"
+#include "hpc_train/optim/zero_optimizer.h"
 #include "synthetic_dataset.h"
 #include "test_device.h"
 

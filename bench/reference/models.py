@@ -1,4 +1,4 @@
-"""hpc_train's networks in PyTorch, with the structure and parameter names of src/models.cpp.
+"""hpc_train's networks in PyTorch, with the structure and parameter names of src/model/models.cpp.
 
 Weights that hpc_train exports (safetensors) load into these with load_state_dict(strict=True);
 a change to a network there must be made here too (tests/support/check_safetensors.py lists the
@@ -185,7 +185,7 @@ def torchvision_vgg_bn(depth, channels, height, width, num_classes):
     return model
 
 
-# The names of hpc_train's --model, as src/model_names.cpp lists them.
+# The names of hpc_train's --model, as src/model/model_names.cpp lists them.
 NAMES = ("simple_cnn", "resnet18", "resnet34", "resnet50", "resnet18_imagenet",
          "resnet34_imagenet", "resnet50_imagenet", "wide_resnet16_8", "vgg11_bn", "vgg16_bn")
 

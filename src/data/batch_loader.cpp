@@ -1,10 +1,10 @@
-#include "hpc_train/batch_loader.h"
+#include "hpc_train/data/batch_loader.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
-#include "hpc_train/epoch_plan.h"
+#include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {

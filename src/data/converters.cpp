@@ -1,4 +1,4 @@
-#include "hpc_train/converters.h"
+#include "hpc_train/data/converters.h"
 
 #include <zlib.h>
 
@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <system_error>
 
-#include "hdf5_attributes.h"
-#include "hdf5_util.h"
+#include "io/hdf5_attributes.h"
+#include "io/hdf5_util.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {

@@ -1,4 +1,4 @@
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/data/dataset_file.h"
 
 #include <unistd.h>
 
@@ -10,11 +10,11 @@
 #include <limits>
 #include <system_error>
 
-#include "hdf5_attributes.h"
-#include "hdf5_util.h"
-#include "hpc_train/atomic_file.h"
+#include "io/hdf5_attributes.h"
+#include "io/hdf5_util.h"
+#include "hpc_train/io/atomic_file.h"
 #include "hpc_train/error.h"
-#include "hpc_train/runtime.h"
+#include "hpc_train/runtime/runtime.h"
 
 namespace hpc_train {
 

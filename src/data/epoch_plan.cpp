@@ -1,4 +1,4 @@
-#include "hpc_train/epoch_plan.h"
+#include "hpc_train/data/epoch_plan.h"
 
 #include <algorithm>
 #include <numeric>

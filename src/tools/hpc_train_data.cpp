@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/checkpoint.h"
-#include "hpc_train/converters.h"
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/data/converters.h"
+#include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
 
 namespace po = boost::program_options;

@@ -11,7 +11,7 @@ library only: nothing to install).
     check_safetensors.py --list-expected resnet18 --shape 3,32,32 --classes 10
 
 --shape and --classes default to the file's __metadata__ (channels, height, width, num_classes).
-The expected names and shapes follow bench/reference/models.py (and src/models.cpp); keep them
+The expected names and shapes follow bench/reference/models.py (and src/model/models.cpp); keep them
 in step. simple_cnn's and resnet18's are listed here; the model zoo's others come from PyTorch
 (bench/reference/models.py's build(): torchvision), so they need torch and torchvision. Exit codes: 0 all checks pass, 1 a check failed, 2 usage, 3 not a valid safetensors
 file (as hpc_train's own data errors).

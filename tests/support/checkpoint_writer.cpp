@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "hpc_train/checkpoint.h"
-#include "hpc_train/checkpoint_files.h"
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/io/checkpoint_files.h"
 #include "hpc_train/error.h"
-#include "hpc_train/runtime.h"
+#include "hpc_train/runtime/runtime.h"
 
 using namespace hpc_train;
 

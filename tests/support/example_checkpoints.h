@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "hpc_train/checkpoint.h"
+#include "hpc_train/io/checkpoint.h"
 
 namespace hpc_train::test_support {
 

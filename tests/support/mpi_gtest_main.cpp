@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "hpc_train/runtime.h"
+#include "hpc_train/runtime/runtime.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "hpc_train/dataset_file.h"
+#include "hpc_train/data/dataset_file.h"
 
 namespace hpc_train::test_support {
 

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "hpc_train/config.h"
-#include "hpc_train/placement.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/runtime/placement.h"
 
 namespace hpc_train::test_support {
 

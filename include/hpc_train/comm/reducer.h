@@ -1,0 +1,114 @@
+// The reducer: averages gradients across ranks bucket by bucket, overlapping communication with
+// backward (Note [Bucket layout] in buckets.h says where buckets live).
+//
+// An autograd post-hook on each parameter's gradient accumulator marks the parameter ready once
+// its gradient has been accumulated into the flat buffer. When every parameter of a bucket is
+// ready, the bucket's collective starts at once, while backward goes on: an all-reduce in
+// place (ZeRO stages 0 and 1), or a reduce-scatter whose slice for this rank lands in
+// partition_grads() (stage 2). Buckets start in bucket order on every rank (a ready bucket waits
+// for its predecessors), because MPI and NCCL match collectives by issue order. The step then
+// waits only for what is still in flight (finish_backward).
+//
+// After the first synchronised backward, the buckets can be rebuilt in the order in which the
+// gradients really became ready (rank 0's order, so every rank rebuilds alike).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpc_train/comm/buckets.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/monitor/metrics.h"
+
+namespace hpc_train {
+
+struct ReducerOptions {
+  int64_t first_bucket_bytes = static_cast<int64_t>(kDefaultFirstBucketMiB * (1 << 20));
+  int64_t bucket_bytes = static_cast<int64_t>(kDefaultBucketMiB * (1 << 20));
+  bool overlap = true;         // start collectives from the hooks; false: all after backward
+  bool reduce_scatter = false; // ZeRO-2
+};
+
+// What happened to the buckets in the last synchronised backward, in order, with times in
+// milliseconds since begin_backward (for metrics and the overlap test).
+struct ReducerEvent {
+  enum class Kind { kCollectiveStarted, kBackwardEnded, kAllDone };
+  Kind kind;
+  int bucket = -1;
+  double time_ms = 0.0;
+};
+
+class Reducer {
+ public:
+  // Registers the hooks. `flat` and `comm` must outlive the reducer.
+  Reducer(FlatParameters& flat, Communicator& comm, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // The initial layout for `flat`'s parameters: buckets in reverse parameter order.
+  static BucketLayout initial_layout(const std::vector<at::Tensor>& parameters,
+                                     const ReducerOptions& options, int world_size);
+
+  // Call before each backward. sync = false on micro-steps inside a gradient-accumulation
+  // window: the hooks then do nothing and gradients just accumulate.
+  void begin_backward(bool sync);
+  // After backward of a synchronised micro-step: starts what has not started, waits for all.
+  // Returns the time spent waiting (exposed communication), in milliseconds.
+  double finish_backward();
+
+  // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order). With one
+  // rank, the flat gradient buffer itself.
+  at::Tensor& partition_grads() { return partition_grads_; }
+
+  // Collective: a layout whose buckets follow rank 0's observed ready order; the same as the
+  // current one when nothing changed. Call after a synchronised backward.
+  BucketLayout rebuilt_layout();
+  // Re-reads `flat`'s layout after flat.relayout().
+  void reset_buckets();
+
+  const std::vector<ReducerEvent>& events() const { return events_; }
+  // Bytes handed to collectives in the last synchronised backward (padded bucket sizes).
+  int64_t bytes_last_backward() const { return bytes_last_backward_; }
+  // From the first collective's start to the last one's observed completion, milliseconds.
+  double comm_span_ms() const { return comm_span_ms_; }
+  size_t num_buckets() const { return flat_.layout().buckets.size(); }
+  // Bytes of gradient storage this rank holds: the flat buffer, plus the partition in stage 2
+  // (with more than one rank).
+  int64_t gradient_bytes() const;
+
+ private:
+  class ReadyHook;
+  void mark_ready(int parameter);
+  void start_ready_buckets();
+  void start_bucket(size_t bucket);
+  double now_ms() const;
+  bool partition_is_separate() const;  // ZeRO-2 with several ranks
+
+  FlatParameters& flat_;
+  Communicator& comm_;
+  ReducerOptions options_;
+  std::vector<std::shared_ptr<void>> accumulators_;  // keeps the hooked grad accumulators alive
+  std::vector<uintptr_t> hook_keys_;                 // to unhook them
+  std::vector<int> bucket_of_;                       // per parameter
+  std::vector<int> pending_;                         // per bucket: parameters not yet ready
+  std::vector<bool> ready_;                          // per parameter, this backward
+  std::vector<int> ready_order_;                     // this backward
+  size_t next_bucket_ = 0;                           // the next bucket to start
+  std::vector<Work> in_flight_;
+  bool sync_ = false;
+  bool in_backward_ = false;
+  at::Tensor partition_grads_;
+  std::vector<ReducerEvent> events_;
+  int64_t bytes_last_backward_ = 0;
+  double comm_span_ms_ = 0.0;
+  Stopwatch backward_clock_;  // started by begin_backward
+  double first_start_ms_ = -1.0;
+};
+
+}  // namespace hpc_train

@@ -1,0 +1,148 @@
+// The run's configuration: one plain struct with every default in one place, read from the
+// command line and an INI file (Boost.ProgramOptions; the command line wins), validated with
+// messages that say what to change, and written back as INI (the resolved configuration that
+// rank 0 prints and stores in the run directory, readable again with --config).
+//
+// Defaults are the origin recipe: simple_cnn, micro-batch 64 per rank, 10 epochs,
+// AdamW(lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), seed 42.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "hpc_train/config/config_choices.h"
+
+namespace hpc_train {
+
+inline constexpr const char* kDefaultDatasetPath = "data/fashion-mnist.h5";
+
+struct TrainConfig {
+  // [data]
+  std::string dataset_path = kDefaultDatasetPath;  // --dataset
+  bool drop_last = false;      // --drop-last: drop the epoch's tail instead of padding it
+  int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
+  Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
+  Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
+
+  // [model]
+  // --model: a name from the model registry, or a TorchScript file (a path ending in .pt or
+  // .pth, or holding a '/'; models.h names_torchscript_file)
+  std::string model = "simple_cnn";
+  std::string init_weights;           // --init-weights FILE.safetensors: start from these weights
+  bool init_weights_partial = false;  // --init-weights-partial: load what fits, list the rest
+
+  // [training]
+  int epochs = 10;                // --epochs
+  int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
+  int micro_batch = 64;           // --micro-batch: samples per rank per step
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam
+  double lr = 1e-3;               // --lr
+  double beta1 = 0.9;             // --beta1
+  double beta2 = 0.999;           // --beta2
+  double eps = 1e-8;              // --eps
+  double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam)
+  uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
+  int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
+  double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
+  // --lr-schedule constant|warmup|warmup-cosine
+  LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
+  int64_t warmup_steps = 0;       // --warmup-steps: optimizer steps of warm-up
+  WarmupType warmup_type = WarmupType::kLinear;  // --warmup-type linear|log (DeepSpeed's: log)
+  double warmup_start_ratio = 0.0;  // --warmup-start-ratio: lr at step 0, as a fraction of --lr
+  double cosine_final_ratio = 0.0;  // --cosine-final-ratio: lr at the end, as a fraction of --lr
+  int64_t schedule_steps = 0;     // --schedule-steps: length of the cosine; 0 = the whole run
+
+  // [zero] ZeRO partitioning and mixed precision
+  int zero_stage = 0;             // --zero-stage 0|1|2
+  Precision precision = Precision::kFp32;  // --precision fp32|fp16|bf16
+  double loss_scale = 0.0;        // --loss-scale: fixed fp16 loss scale; 0 = dynamic
+  int initial_scale_power = 16;   // --initial-scale-power: dynamic scale starts at 2^this
+  int loss_scale_window = 1000;   // --loss-scale-window: steps without overflow before doubling
+  int hysteresis = 2;             // --hysteresis: overflows tolerated before halving
+  double min_loss_scale = 1.0;    // --min-loss-scale: overflow at this scale is an error
+
+  // [comm] gradient reduction
+  double bucket_mb = 25.0;        // --bucket-mb: gradient bucket size, MiB
+  double first_bucket_mb = 1.0;   // --first-bucket-mb: the first (last-layer) bucket, MiB, as DDP
+  bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
+
+  // [runtime]
+  DeviceChoice device = DeviceChoice::kAuto;    // --device auto|cuda|cpu
+  BackendChoice backend = BackendChoice::kAuto;  // --backend auto|nccl|mpi|none
+  int threads_per_rank = 0;       // --threads-per-rank: LibTorch threads; 0 = the node's cores / ranks
+  double comm_timeout_s = 300.0;  // --comm-timeout: a collective unfinished after this ends the job; 0 = never
+  // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph (step_graph.h); auto falls
+  // back to eager steps where the step cannot be captured (MPI backend, gradient accumulation).
+  Switch cuda_graph = Switch::kAuto;
+  bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
+  bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
+  // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
+  // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
+  bool deterministic = false;
+
+  // [checkpoint]
+  int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only
+  bool checkpoint_epochs = true;  // --checkpoint-epochs: also write one at every epoch end
+  int keep_checkpoints = 3;       // --keep-checkpoints: newest kept; 0 = keep all
+  std::string resume;             // --resume auto|FILE: auto = newest in the run dir, if any; empty = fresh start
+  std::string export_weights;     // --export-weights FILE.safetensors at the end of the run
+
+  // [output]
+  std::string run_dir;            // --run-dir; empty = runs/<UTC timestamp>, chosen by rank 0
+  int log_every = 50;             // --log-every: steps between log lines and metrics records
+  // --progress auto|bar|lines: auto draws a bar when stdout is a terminal
+  ProgressStyle progress = ProgressStyle::kAuto;
+};
+
+// DeepSpeed's ds_config.json, mapped onto TrainConfig (deepspeed_config.h); --deepspeed-config.
+struct DeepSpeedImport {
+  std::string path;                 // --deepspeed-config FILE; empty = none
+  bool allow_unknown_keys = false;  // --deepspeed-allow-unknown: warn instead of failing
+};
+
+// What the command line asked for.
+struct CommandLine {
+  enum class Action { kTrain, kPrintAndExit };
+  Action action = Action::kTrain;
+  std::string text;  // for kPrintAndExit: --help or --version text, to print on rank 0
+  TrainConfig config;
+  std::string config_file;  // --config FILE, empty when none
+  DeepSpeedImport deepspeed;
+  // Long names of the options given on the command line itself (e.g. "micro-batch"): a
+  // DeepSpeed config does not override them.
+  std::set<std::string> given_on_command_line;
+};
+
+// Parses argv (and the --config file it names). Pure: no MPI, no output. Throws ConfigError for
+// unknown options, malformed values, unreadable or unknown keys in the INI file.
+CommandLine parse_command_line(int argc, const char* const argv[]);
+
+// Checks values that parse but cannot work (micro_batch 0, lr < 0, a cosine shorter than its
+// warm-up, ...); a choice's name was checked when it was read (config_choices.h).
+// Throws ConfigError that names the option and says what would work. The model name is checked
+// by the model registry, and what depends on the world size or the dataset by
+// validate_for_dataset.
+void validate(const TrainConfig& config);
+
+struct DatasetInfo;  // dataset_file.h
+
+// Checks what depends on the opened dataset and the world size, before anything is allocated
+// for training: --micro-batch against each rank's share of the train split (Note [Rank's share
+// of the train split] in config.cpp), and the host memory that the input needs at the least
+// against `host_memory_bytes` (Note [Input memory bound]); `input_on_host`: the run computes on
+// the CPU, so a resident train split would live in host memory. Throws ConfigError naming the
+// option, or DataError naming the file when even one sample does not fit.
+void validate_for_dataset(const TrainConfig& config, const DatasetInfo& dataset,
+                          const std::string& dataset_path, int world_size,
+                          int64_t host_memory_bytes, bool input_on_host);
+
+// Whether --resume asks for the run directory's newest checkpoint ("auto"), rather than naming
+// a file (or being empty: a fresh start). --resume stays text, since it is mostly a path.
+bool resumes_newest_checkpoint(const TrainConfig& config);
+
+// The configuration as INI text, grouped by section, every option with its value; reading it
+// back with --config gives the same configuration.
+std::string to_ini(const TrainConfig& config);
+
+}  // namespace hpc_train

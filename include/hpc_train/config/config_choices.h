@@ -1,0 +1,133 @@
+// The choices of the run's configuration, as types (DESIGN.md: choices are types).
+//
+// Note [Choice names]: each enum has one table of (value, name) pairs, every value once, in the
+// order that messages list them. A name is what the command line and the INI file take, what
+// to_ini writes back, and what log lines, metrics, summary.json and the checkpoint's precision
+// attribute show, so the names are part of the file formats: change none. Names become values
+// where the configuration is read (config.cpp, deepspeed_config.cpp); everything else compares
+// values, and turns a value into its name only to print or store it.
+#pragma once
+
+#include <iterator>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "hpc_train/error.h"
+#include "hpc_train/optim/lr_schedule.h"  // LrScheduleKind (--lr-schedule), WarmupType (--warmup-type)
+
+namespace hpc_train {
+
+// --augment, --resident-data, --cuda-graph: the program decides (auto), or the user forces it.
+enum class Switch { kAuto, kOn, kOff };
+// --optimizer: AdamW (decoupled weight decay) or Adam (weight decay as an L2 gradient term).
+enum class OptimizerKind { kAdamW, kAdam };
+// --precision: the model's dtype (the master weights and Adam's moments are fp32 in every case).
+enum class Precision { kFp32, kFp16, kBf16 };
+// --device: where the ranks compute; placement.h decides auto.
+enum class DeviceChoice { kAuto, kCuda, kCpu };
+// --backend: what was asked for; placement.h resolves it into a CommBackendKind (comm.h).
+enum class BackendChoice { kAuto, kNccl, kMpi, kNone };
+// --progress: a bar when stdout is a terminal (auto), or always one of the two.
+enum class ProgressStyle { kAuto, kBar, kLines };
+
+template <class Choice>
+struct ChoiceName {
+  Choice value;
+  const char* name;
+};
+
+// ChoiceNames<Choice>::kTable: the table of one enum (Note [Choice names]).
+template <class Choice>
+struct ChoiceNames;
+
+template <>
+struct ChoiceNames<Switch> {
+  static constexpr ChoiceName<Switch> kTable[] = {
+      {Switch::kAuto, "auto"}, {Switch::kOn, "on"}, {Switch::kOff, "off"}};
+};
+template <>
+struct ChoiceNames<OptimizerKind> {
+  static constexpr ChoiceName<OptimizerKind> kTable[] = {{OptimizerKind::kAdamW, "adamw"},
+                                                         {OptimizerKind::kAdam, "adam"}};
+};
+template <>
+struct ChoiceNames<LrScheduleKind> {
+  static constexpr ChoiceName<LrScheduleKind> kTable[] = {
+      {LrScheduleKind::kConstant, "constant"},
+      {LrScheduleKind::kWarmup, "warmup"},
+      {LrScheduleKind::kWarmupCosine, "warmup-cosine"}};
+};
+template <>
+struct ChoiceNames<WarmupType> {
+  static constexpr ChoiceName<WarmupType> kTable[] = {{WarmupType::kLinear, "linear"},
+                                                      {WarmupType::kLog, "log"}};
+};
+template <>
+struct ChoiceNames<Precision> {
+  static constexpr ChoiceName<Precision> kTable[] = {
+      {Precision::kFp32, "fp32"}, {Precision::kFp16, "fp16"}, {Precision::kBf16, "bf16"}};
+};
+template <>
+struct ChoiceNames<DeviceChoice> {
+  static constexpr ChoiceName<DeviceChoice> kTable[] = {
+      {DeviceChoice::kAuto, "auto"}, {DeviceChoice::kCuda, "cuda"}, {DeviceChoice::kCpu, "cpu"}};
+};
+template <>
+struct ChoiceNames<BackendChoice> {
+  static constexpr ChoiceName<BackendChoice> kTable[] = {{BackendChoice::kAuto, "auto"},
+                                                         {BackendChoice::kNccl, "nccl"},
+                                                         {BackendChoice::kMpi, "mpi"},
+                                                         {BackendChoice::kNone, "none"}};
+};
+template <>
+struct ChoiceNames<ProgressStyle> {
+  static constexpr ChoiceName<ProgressStyle> kTable[] = {{ProgressStyle::kAuto, "auto"},
+                                                         {ProgressStyle::kBar, "bar"},
+                                                         {ProgressStyle::kLines, "lines"}};
+};
+
+// Whether T is one of the enums above (it has a table).
+template <class T, class = void>
+struct is_choice : std::false_type {};
+template <class T>
+struct is_choice<T, std::void_t<decltype(ChoiceNames<T>::kTable)>> : std::true_type {};
+template <class T>
+inline constexpr bool is_choice_v = is_choice<T>::value;
+
+// The name of `value`, e.g. "fp16". Error for a value outside the table (an integer cast to the
+// enum: a bug, not an input).
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string to_string(Choice value) {
+  for (const ChoiceName<Choice>& entry : ChoiceNames<Choice>::kTable) {
+    if (entry.value == value) return entry.name;
+  }
+  throw Error("to_string: no name for choice value " +
+              std::to_string(static_cast<std::underlying_type_t<Choice>>(value)));
+}
+
+// The value named `name` (exactly: names are lower case), or nullopt when none has that name.
+// The configuration's readers turn nullopt into a ConfigError that names the option, the value
+// and choice_names<Choice>().
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::optional<Choice> parse_choice(std::string_view name) {
+  for (const ChoiceName<Choice>& entry : ChoiceNames<Choice>::kTable) {
+    if (name == entry.name) return entry.value;
+  }
+  return std::nullopt;
+}
+
+// The names, as a message lists them: "fp32, fp16 or bf16".
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string choice_names() {
+  constexpr size_t kCount = std::size(ChoiceNames<Choice>::kTable);
+  std::string text;
+  for (size_t i = 0; i < kCount; ++i) {
+    if (i > 0) text += i + 1 == kCount ? " or " : ", ";
+    text += ChoiceNames<Choice>::kTable[i].name;
+  }
+  return text;
+}
+
+}  // namespace hpc_train

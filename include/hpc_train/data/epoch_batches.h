@@ -1,0 +1,72 @@
+// Input for one epoch of training: the rank's micro-batches on the device, in the order of its
+// epoch plan (epoch_plan.h), each one's copy started while the step before it runs
+// (device_input.h); from the loader thread, or gathered from the split kept resident on the
+// device. And a test-only trace of what each rank trained on.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "hpc_train/data/batch_loader.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/device_input.h"
+
+namespace hpc_train {
+
+class EpochBatches {
+ public:
+  // `indices`: the rank's epoch plan from the first batch not yet consumed, which is batch
+  // `first_batch` of the epoch (a resumed epoch starts later; the augmentation draws follow
+  // the batch's place in the whole epoch). `input` and `dataset` must outlive this.
+  EpochBatches(DeviceInput& input, const DatasetFile& dataset, std::vector<int64_t> indices,
+               int64_t batch_size, int prefetch_batches, int64_t epoch, int64_t first_batch,
+               bool resident);
+
+  // Micro-batches in the plan.
+  int64_t batches() const;
+  // Stages the next batch; false after the epoch's last. Time blocked on the loader adds to
+  // *wait_ms.
+  bool prepare_next(double* wait_ms);
+  // The size of the batch staged first and not yet taken.
+  int64_t prepared_size() const { return prepared_.front().second - prepared_.front().first; }
+  DeviceBatch take();
+  // The dataset indices of the batch taken last.
+  std::vector<int64_t> taken_indices() const;
+  double loader_wait_ms() const { return loader_ ? loader_->wait_ms() : 0.0; }
+
+ private:
+  DeviceInput& input_;
+  int64_t batch_size_;
+  int64_t epoch_;
+  int64_t first_batch_;
+  std::vector<int64_t> indices_;  // the plan (the loader reads a copy)
+  std::optional<BatchLoader> loader_;
+  HostBatch host_batch_;
+  std::deque<std::pair<int64_t, int64_t>> prepared_;  // [begin, end) in indices_, staged in order
+  std::pair<int64_t, int64_t> taken_{0, 0};
+  int64_t batches_prepared_ = 0;
+};
+
+// Test-only: with HPC_TRAIN_TEST_SAMPLE_TRACE=PREFIX in the environment, every rank appends one
+// line per micro-batch to PREFIX.<rank>: the epoch, the optimizer step the micro-batch counts
+// towards, then its dataset indices. The resume tests compare what runs saw
+// (Note [Resume position] in checkpoint.h); nothing else reads it.
+class SampleTrace {
+ public:
+  explicit SampleTrace(int rank);  // throws Error when the file cannot be opened
+  ~SampleTrace();
+  SampleTrace(const SampleTrace&) = delete;
+  SampleTrace& operator=(const SampleTrace&) = delete;
+
+  bool on() const { return file_ != nullptr; }
+  void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace hpc_train

@@ -1,0 +1,254 @@
+// What a run reports: the per-interval record and log line, the epoch's, a checkpoint's, the
+// progress bar, and the run's summary (TrainSummary, summary.json). The trainer measures and
+// agrees on the figures (collectives); this unit only shapes and writes them, on rank 0
+// (RunReporter).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/monitor/gpu_monitor.h"
+#include "hpc_train/monitor/metrics.h"
+
+namespace hpc_train {
+
+struct EvalResult {
+  double loss = 0.0;       // mean cross entropy over the split
+  double accuracy = 0.0;   // correct / samples
+  int64_t correct = 0;
+  int64_t samples = 0;     // summed over ranks: the whole split, each sample once
+};
+
+// Bytes this rank holds, by kind (what ZeRO partitions).
+struct MemoryBytes {
+  int64_t parameters = 0;       // the flat parameter buffer (model dtype)
+  int64_t gradients = 0;        // the flat gradient buffer, plus the stage-2 partition
+  int64_t optimizer_state = 0;  // Adam moments, plus fp32 master weights when separate
+};
+
+// Where a step's time goes, per optimizer step, averaged over the run (milliseconds), and what
+// the gradient collectives moved. The phases (forward to optimizer) and the communication
+// figures are timed on the host, so only in eager steps (a step replayed from a CUDA graph is
+// one launch): they average over phase_timed_steps, data_wait_ms over every step.
+struct StepBreakdown {
+  int64_t phase_timed_steps = 0;  // the eager steps the phases were timed in
+  double data_wait_ms = 0.0;   // blocked on the loader
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;    // collectives started from the hooks run inside it
+  double comm_wait_ms = 0.0;   // exposed communication: waiting after backward
+  double optimizer_ms = 0.0;   // unscale, clip, update, all-gather
+  double comm_bytes_per_step = 0.0;
+  double busbw_gb_s = 0.0;     // nccl-tests' bus bandwidth, a lower bound (see trainer.cpp)
+  nlohmann::json to_json() const;
+};
+
+struct TrainSummary {
+  int world_size = 1;
+  std::string model;
+  int64_t parameters = 0;
+  int epochs_completed = 0;
+  int64_t steps = 0;
+  int64_t global_batch = 0;
+  double final_train_loss = 0.0;  // mean over the last epoch's steps (or those run of it)
+  EvalResult test;
+  double wall_s = 0.0;            // the whole run, evaluation included
+  double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
+  double ms_per_step = 0.0;       // likewise
+  int64_t skipped_steps = 0;      // fp16 overflows
+  int64_t graph_replays = 0;      // GPU: steps replayed from the captured CUDA graph (--cuda-graph)
+  double loss_scale = 1.0;        // at the end
+  MemoryBytes memory;             // rank 0's
+  StepBreakdown breakdown;        // rank 0's
+  int zero_stage = 0;
+  std::string precision;
+  std::string placement;          // rank 0's device and backend
+  double training_flops_per_sample = 0.0;  // GPU: 3 x the forward's (models.h)
+  double mfu = 0.0;               // GPU: model FLOPs utilisation against the GPU's peak; 0 = unknown
+  std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
+  std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
+  std::string last_checkpoint;    // the last checkpoint written; empty = none
+  int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
+  nlohmann::json to_json() const;
+};
+
+// One log interval's sums over its optimizer steps (times in milliseconds).
+struct IntervalTimes {
+  int64_t steps = 0;
+  int64_t phase_timed_steps = 0;  // eager steps (StepBreakdown)
+  int64_t samples = 0;  // this rank's
+  double loss_sum = 0.0;
+  double data_wait_ms = 0.0;
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  double comm_wait_ms = 0.0;
+  double optimizer_ms = 0.0;
+  double comm_span_ms = 0.0;
+  int64_t comm_bytes = 0;
+  Stopwatch wall;
+
+  void add(const IntervalTimes& other) {
+    steps += other.steps;
+    phase_timed_steps += other.phase_timed_steps;
+    samples += other.samples;
+    loss_sum += other.loss_sum;
+    data_wait_ms += other.data_wait_ms;
+    forward_ms += other.forward_ms;
+    backward_ms += other.backward_ms;
+    comm_wait_ms += other.comm_wait_ms;
+    optimizer_ms += other.optimizer_ms;
+    comm_span_ms += other.comm_span_ms;
+    comm_bytes += other.comm_bytes;
+  }
+
+  // nccl-tests' convention: algbw = bytes / time; all-reduce busbw = algbw * 2(n-1)/n,
+  // reduce-scatter busbw = algbw * (n-1)/n. The time is each backward's span from its first
+  // collective's start to the last one's observed end, so the figure is a lower bound.
+  StepBreakdown breakdown(int world_size, bool reduce_scatter) const {
+    const double n = world_size;
+    const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
+    const double per_timed_step = 1.0 / static_cast<double>(std::max<int64_t>(1, phase_timed_steps));
+    const double bus_factor = reduce_scatter ? (n - 1.0) / n : 2.0 * (n - 1.0) / n;
+    StepBreakdown b;
+    b.phase_timed_steps = phase_timed_steps;
+    b.data_wait_ms = data_wait_ms * per_step;
+    b.forward_ms = forward_ms * per_timed_step;
+    b.backward_ms = backward_ms * per_timed_step;
+    b.comm_wait_ms = comm_wait_ms * per_timed_step;
+    b.optimizer_ms = optimizer_ms * per_timed_step;
+    b.comm_bytes_per_step = static_cast<double>(comm_bytes) * per_timed_step;
+    b.busbw_gb_s = comm_span_ms > 0 ? comm_bytes / (comm_span_ms * 1e6) * bus_factor : 0.0;
+    return b;
+  }
+};
+
+// One log interval as every rank agreed on it (the trainer's log_interval fills it).
+struct IntervalReport {
+  int epoch = 0;  // 0-based
+  int epochs = 0;
+  int64_t step_in_epoch = 0;  // 0-based
+  int64_t steps_per_epoch = 0;
+  int64_t global_step = 0;
+  double loss = 0.0;  // mean over the interval's micro-batches and the ranks
+  double lr = 0.0;
+  double samples_per_s = 0.0;
+  double ms_per_step = 0.0;
+  size_t buckets = 0;
+  bool show_loss_scale = false;  // fp16
+  double loss_scale = 1.0;
+  int64_t skipped_steps = 0;
+  MemoryBytes memory;
+  StepBreakdown breakdown;
+  std::optional<GpuSpread> gpu;  // GPU runs
+};
+
+// Where a run's reports go.
+struct TrainerOutput {
+  std::string run_dir;      // rank 0 appends metrics.jsonl here; empty = no files
+  bool print = true;        // rank 0 prints progress and epoch lines
+  bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
+};
+
+// What the run's first line says.
+struct RunStart {
+  std::string model;
+  int64_t parameters = 0;
+  std::string precision;
+  int zero_stage = 0;
+  int world_size = 1;
+  std::string placement;  // rank 0's
+  int64_t train_samples = 0;
+  int64_t steps_per_epoch = 0;
+  int micro_batch = 0;
+  int grad_accum = 1;
+  MemoryBytes memory;
+  size_t buckets = 0;
+};
+
+// One epoch's end, agreed by all ranks.
+struct EpochReport {
+  int epoch = 0;  // 0-based
+  int epochs = 0;
+  bool complete = true;  // false: stopped by --max-steps
+  int64_t global_step = 0;
+  double train_loss = 0.0;
+  EvalResult test;
+  double train_s = 0.0;  // the epoch's training loop
+  double wall_s = 0.0;   // with evaluation
+  double loader_wait_s = 0.0;
+  int64_t skipped_steps = 0;
+  double loss_scale = 1.0;
+};
+
+// Rank 0's voice: metrics.jsonl records and stdout (log lines, or the progress bar when
+// output.progress_bar). On other ranks, and with printing off, the calls write nothing.
+class RunReporter {
+ public:
+  RunReporter(const TrainerOutput& output, int rank);
+
+  bool printing() const { return printing_; }
+  // A line of its own (e.g. "Resumed from ..."), when printing; printf's format.
+  void say(const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+  void run_start(const RunStart& start);
+  // The interval's record, and its log line unless the progress bar is shown.
+  void interval(const IntervalReport& report);
+  // The bar at `step_in_epoch` (0-based), when shown.
+  void progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                double loss);
+  // Ends the bar's line (an epoch's loop is over), when shown.
+  void end_progress();
+  void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
+                  double write_s);
+  void epoch(const EpochReport& report);
+
+ private:
+  bool printing_ = false;
+  bool progress_bar_ = false;
+  JsonlWriter metrics_;
+};
+
+// The interval's record in `metrics` (a closed writer writes nothing), and its log line on
+// stdout when `print`.
+void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool print);
+
+// "\rEpoch [e/E] [#####.....] s/S Loss: x", redrawn in place (a terminal).
+void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                        double loss);
+
+// Training throughput of this rank over the run's steady state: from the end of the first step
+// (set-up and first-use costs), or of the step that captured the CUDA graph, to the end.
+class ThroughputClock {
+ public:
+  // Times the steps after `global_step`, from now.
+  explicit ThroughputClock(int64_t global_step) : timed_after_step_(global_step) {}
+  // Step `global_step` ended now, having trained `samples` samples on this rank.
+  void step_ended(int64_t global_step, int64_t samples) {
+    if (global_step > timed_after_step_) {
+      ++steps_;
+      samples_ += samples;
+      ms_ += step_wall_.elapsed_ms();
+    }
+    step_wall_.restart();
+  }
+  // The step loop of an epoch starts (evaluation and checkpoints between epochs are not steps).
+  void epoch_started() { step_wall_.restart(); }
+  // Forgets what was timed: only the steps after `global_step` count.
+  void restart_after(int64_t global_step) { *this = ThroughputClock(global_step); }
+
+  int64_t steps() const { return steps_; }
+  int64_t samples() const { return samples_; }
+  double ms() const { return ms_; }
+
+ private:
+  int64_t timed_after_step_;
+  int64_t steps_ = 0;
+  int64_t samples_ = 0;
+  double ms_ = 0.0;
+  Stopwatch step_wall_;
+};
+
+}  // namespace hpc_train

@@ -1,0 +1,124 @@
+// The fused optimizer step on the GPU: kernels of ours (src/optim/fused_optimizer.cu) that do a
+// whole ZeRO optimizer step on this rank's partition without the host reading any value back and
+// without any per-step input from the host, so that a training step can be captured in a CUDA
+// graph and replayed. In stream order:
+//
+//   launch_grad_sum_of_squares  sum over the partition's segments of grad^2, into one fp64 value
+//                               (the caller all-reduces it across ranks when it must)
+//   launch_step_bookkeeping     one thread: overflow check, global norm, clip coefficient, the
+//                               learning rate from the schedule (lr_schedule.h), Adam's step count and bias
+//                               corrections, the loss-scale update (Note [Device loss scaler])
+//   launch_adam_update          unscale and clip (one multiplier), Adam/AdamW on the fp32
+//                               master weights and moments, the cast to the model dtype into the
+//                               flat parameter buffer (the all-gather buffer); nothing on overflow
+//
+// The arithmetic is adam_update's (optimizer.h) and ZeroOptimizer::step's (zero_optimizer.h),
+// operation for operation; the loss scaler is LossScaler's (loss_scaler.h), rule for rule.
+// Torch-free: raw device pointers and element counts. Needs the CUDA runtime's headers, so only
+// GPU-build code includes it (HPC_TRAIN_WITH_CUDA).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "hpc_train/optim/lr_schedule.h"
+
+namespace hpc_train {
+
+// The model dtype: of the gradients and of the flat parameters. Master weights and moments are fp32.
+enum class FusedDtype : int32_t { kFloat32, kFloat16, kBFloat16 };
+
+// One contiguous run of this rank's partition, in elements. The partition is one segment in
+// stage 0 (the whole flat buffers) and one per bucket in stages 1 and 2 (the rank's slice of each
+// bucket, Note [Bucket layout]); the table lives on the device, built once per layout.
+struct FusedSegment {
+  int64_t numel = 0;
+  int64_t grad_offset = 0;    // in the gradient buffer (flat grads, or the stage-2 partition)
+  int64_t master_offset = 0;  // in the moments, and in the master weights when they are separate
+  int64_t param_offset = 0;   // in the flat parameters (the master weights when the model is fp32)
+};
+static_assert(sizeof(FusedSegment) == 4 * sizeof(int64_t), "uploaded as an int64 tensor [n, 4]");
+
+enum class FusedLossScaling : int32_t { kNone, kFixed, kDynamic };
+
+// What stays the same for a whole run.
+struct FusedStepOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = true;  // AdamW; false: Adam with an L2 penalty
+  double clip_grad = 0.0;              // max global norm; 0 = off
+  bool check_overflow = false;         // fp16: an inf/nan sum of squares skips the step
+  FusedLossScaling loss_scaling = FusedLossScaling::kNone;
+  int32_t scale_window = 1000;         // kDynamic: LossScalerOptions' meaning
+  int32_t hysteresis = 2;
+  double min_scale = 1.0;
+  LrScheduleParams lr_schedule;        // evaluated at the applied steps (Note [Schedule step])
+};
+
+// Note [Device loss scaler]
+// The state below carries LossScalerState's fields and LossScaler::update's rules: a fixed scale
+// counts steps and skipped steps; a dynamic one halves after the hysteresis is used up, doubles
+// when (scaler_steps - last_overflow_step) % window == 0 (Note [Loss scale window]). Where the
+// host scaler throws (an overflow at the minimum scale), the device sets scaler_failed, leaves the
+// scaler as it was, and the step is skipped as any overflowed step; the host finds the flag the
+// next time it reads the state and ends the run.
+//
+// All of it lives in device memory; the bookkeeping kernel reads and writes it once per step.
+struct FusedStepState {
+  int64_t global_step = 0;   // optimizer steps taken or skipped
+  int64_t adam_steps = 0;    // steps applied: Adam's t, and the schedule's step (before the update)
+  double loss_scale = 1.0;   // what the next backward's loss is multiplied by
+  int64_t scaler_steps = 0;
+  int64_t last_overflow_step = -1;
+  int64_t scaler_skipped_steps = 0;
+  // The latest step, written by the bookkeeping kernel (the update kernel reads the rest).
+  double grad_norm = 0.0;    // unscaled, before clipping; 0 when the step overflowed
+  double lr = 0.0;
+  int32_t hysteresis_left = 0;
+  int32_t scaler_failed = 0;
+  int32_t found_inf = 0;     // the step overflowed: the update kernel does nothing
+  float grad_multiplier = 1.0f;        // 1 / loss scale x clip coefficient
+  float decay_factor = 1.0f;           // 1 - lr x weight_decay (AdamW)
+  float step_size = 0.0f;              // -lr / bias_correction1
+  float sqrt_bias_correction2 = 1.0f;
+};
+static_assert(std::is_standard_layout<FusedStepState>::value, "copied as bytes");
+
+// The ZeroOptimizer::step path: the host gives this step's learning rate and loss scale, and the
+// device loss scaler is left alone (a LossScaler on the host decides).
+struct FusedHostInputs {
+  double lr = 0.0;
+  double loss_scale = 1.0;
+};
+
+// Blocks for a partition of `partition_numel` elements on the current device: enough to fill
+// every SM, no more than there is work for. Fixed per layout (the reduction's partials depend on
+// it, and so its summation order: the norm is bitwise reproducible).
+int fused_grid_blocks(int64_t partition_numel);
+
+// sum_of_squares[0] = sum of grad^2 over the segments, accumulated in fp64 (see the .cu).
+// block_partials holds grid_blocks doubles.
+void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const FusedSegment* segments,
+                                int num_segments, int grid_blocks, double* block_partials,
+                                double* sum_of_squares, cudaStream_t stream);
+
+// One step's bookkeeping from the (all-reduced) sum of squares. `sum_of_squares_copies`: how many
+// ranks' identical sums the all-reduce added (stage 0 reduces only to agree on overflow), divided
+// out; 1 otherwise. host_inputs: nullptr on the device path (the learning rate is then
+// options.lr_schedule's at the applied steps). Also writes the new loss scale to loss_scale_out[0].
+void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares_copies,
+                             const FusedStepOptions& options, const FusedHostInputs* host_inputs,
+                             FusedStepState* state, float* loss_scale_out, cudaStream_t stream);
+
+// The update of every segment, unless the state says the step overflowed. `master` is nullptr
+// when the model is fp32 (the parameters are the master weights, updated in place).
+void launch_adam_update(const void* grads, void* params, FusedDtype dtype, float* master,
+                        float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
+                        int num_segments, int grid_blocks, const FusedStepState* state,
+                        const FusedStepOptions& options, cudaStream_t stream);
+
+}  // namespace hpc_train

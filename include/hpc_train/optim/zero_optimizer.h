@@ -1,0 +1,195 @@
+// The ZeRO optimizer: Adam/AdamW on this rank's partition of fp32 master weights and moments,
+// after the reducer has reduced the gradients.
+//
+//   stage 0  every rank holds the whole optimizer state and updates every parameter
+//   stage 1  gradients all-reduced; each rank updates only its partition (its slice of every
+//            bucket, Note [Bucket layout]), then the buckets are all-gathered
+//   stage 2  as stage 1, but the reducer reduce-scattered the gradients, so each rank only ever
+//            holds its partition of the reduced gradients
+//
+// One step: unscale (fp16) -> overflow check agreed by all ranks (fp16; an overflow skips the
+// step everywhere) -> clip by the global norm -> Adam/AdamW on the fp32 master partition ->
+// cast to the model dtype -> all-gather. In fp32 the parameters themselves are the master
+// weights (no copy); in fp16/bf16 a separate fp32 copy of the partition is kept.
+//
+// Two ways to run a step when the parameters are on a GPU (GPU build), both through the fused
+// kernels of fused_optimizer.h:
+//   step(lr, loss_scale)  the host gives the learning rate and the loss scale (a LossScaler on
+//                         the host decides) and gets a StepOutcome back: one host sync per step.
+//   step_on_device()      nothing crosses to the host: the device evaluates the learning-rate
+//                         schedule (ZeroOptions::lr_schedule), the fp16 loss scaler runs on the
+//                         device (ZeroOptions::loss_scaling; loss_scale_tensor() is what the loss
+//                         is multiplied by), and the counters stay there until read_device_report.
+//                         With the NCCL backend the host never waits, so a whole training step
+//                         can be captured in a CUDA graph and replayed (the buffers it uses are
+//                         allocated at construction and on every (re)layout, never per step).
+// On the CPU, step(lr, loss_scale) runs ATen operations (adam_update), and the device methods
+// throw.
+//
+// The step policy lives here on both devices, as DeepSpeed's ZeRO optimizer keeps its loss
+// scaler: the fp16 loss scaler (a LossScaler on the host, the device scaler on a GPU), the
+// learning-rate schedule (Note [Schedule step]) and zeroing the gradients after each step. The
+// trainer multiplies its loss by scale_loss(), calls step(), and reads report().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/optim/loss_scaler.h"
+#include "hpc_train/optim/lr_schedule.h"
+#include "hpc_train/optim/optimizer.h"
+#include "hpc_train/comm/reducer.h"
+
+namespace hpc_train {
+
+struct ZeroOptions {
+  int stage = 0;
+  AdamOptions adam;
+  double clip_grad = 0.0;       // max global norm; 0 = off
+  bool check_overflow = false;  // fp16: look for inf/nan and skip the step on every rank
+  // step() and step_on_device(): the learning-rate schedule, evaluated at the steps applied so
+  // far (Note [Schedule step] in lr_schedule.h). Absent: adam.lr throughout.
+  std::optional<LrScheduleParams> lr_schedule;
+  // step() and step_on_device(): fp16 loss scaling with LossScaler's rules, on the host or kept
+  // on the GPU (needs check_overflow). Absent: the loss scale is 1.
+  std::optional<LossScalerOptions> loss_scaling;
+};
+
+struct StepOutcome {
+  bool overflow = false;  // some rank saw inf/nan: nothing was updated
+  double grad_norm = 0.0; // global norm of the unscaled gradients (before clipping)
+  double gather_ms = 0.0; // time in the all-gather of parameters (stages 1, 2)
+};
+
+// What the steps have counted and learnt (report, read_device_report): for log lines and
+// checkpoints.
+struct StepReport {
+  int64_t global_step = 0;     // optimizer steps taken or skipped
+  int64_t adam_steps = 0;      // steps applied (FullOptimizerState::steps)
+  int64_t skipped_steps = 0;   // global_step - adam_steps
+  double loss_scale = 1.0;     // what the next backward's loss is multiplied by
+  double last_grad_norm = 0.0; // the latest step's unscaled global norm before clipping; 0 if skipped
+  double last_lr = 0.0;        // the latest step's learning rate
+  bool last_overflow = false;  // the latest step was skipped
+  LossScalerState scaler;      // the loss scaler, as LossScaler::state() (checkpoints)
+  bool scaler_failed = false;  // an overflow at the minimum loss scale: the run cannot go on
+};
+
+// The optimizer state in the logical layout (flat_parameters.h), independent of world size and
+// buckets: what a checkpoint stores and what survives a re-layout.
+struct FullOptimizerState {
+  at::Tensor master;      // fp32
+  at::Tensor exp_avg;
+  at::Tensor exp_avg_sq;
+  int64_t steps = 0;
+};
+
+class ZeroOptimizer {
+ public:
+  ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicator& comm, ZeroOptions options);
+
+  // --- The step policy (see the top of this file).
+  // The loss to call backward on: loss x the current loss scale x `averaging`
+  // (Note [Gradient averaging] in trainer.cpp). No host sync on a GPU.
+  at::Tensor scale_loss(const at::Tensor& loss, double averaging) const;
+  // One optimizer step with the owned schedule and scaler, then the gradients are zeroed. On a
+  // GPU it is queued (step_on_device) and may be captured in a CUDA graph; on the CPU the host
+  // scaler learns of an overflow at once (and throws Error at its minimum scale, as
+  // LossScaler::update). Collective.
+  void step();
+  // The counters, the last step and the scaler. GPU: waits for the current stream.
+  StepReport report() const;
+  // For a resume, after load_full_state: the counters and the scaler continue from these.
+  void resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
+
+  // --- The steps underneath, for tests and for the policy above.
+  // Gradients in the flat buffer (stages 0, 1) or the reducer's partition (stage 2) are the sum
+  // over ranks of each rank's gradient of loss * loss_scale / (world size * grad_accum)
+  // (Note [Gradient averaging]). Collective.
+  StepOutcome step(double lr, double loss_scale);
+
+  // The same step with no host sync and no host input (see the top of this file); the parameters
+  // must be on a GPU. Queued on the current CUDA stream; the all-reduce of the squared norm
+  // (partitioned, or fp16 at stage 0) and the all-gathers go through the communicator, which
+  // must be NCCL for the host never to wait. Collective.
+  void step_on_device();
+  // GPU: the current loss scale, a 1-element fp32 tensor on the device, updated by every
+  // step_on_device (multiply the loss by it: no host sync). Undefined on the CPU.
+  const at::Tensor& loss_scale_tensor() const { return loss_scale_; }
+  // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known), for both paths.
+  // Before a step is captured: a captured step keeps the schedule it was captured with.
+  void set_lr_schedule(const LrScheduleParams& schedule);
+  // GPU: one small copy to the host (waits for the current stream).
+  StepReport read_device_report() const;
+  // GPU, for a resume: the counters and the loss scaler continue from these. After
+  // load_full_state (which sets adam_steps from FullOptimizerState::steps too).
+  void load_device_state(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
+
+  // Steps applied. On a GPU it reads the device (a sync).
+  int64_t steps_taken() const;
+  // Bytes of optimizer state on this rank: moments, plus fp32 master weights when separate.
+  int64_t state_bytes() const;
+
+  FullOptimizerState gather_full_state();  // collective
+  void load_full_state(const FullOptimizerState& state);
+
+  // After the first step that was taken: the buckets follow the order in which the gradients
+  // became ready (Reducer::rebuilt_layout). The one place a layout changes: the flat storage,
+  // the reducer and this optimizer take it together, the state carried over. Returns whether
+  // it changed. Collective.
+  bool rebuild_buckets();
+
+ private:
+  struct HostStepInputs {  // step()'s arguments, for the device path
+    double lr;
+    double loss_scale;
+  };
+
+  bool partitioned() const { return options_.stage >= 1; }
+  bool on_device() const { return flat_.values().is_cuda(); }
+  bool separate_master() const;
+  at::Tensor gradient_partition();  // fp32 copy or view of this rank's reduced gradients
+  // This rank's piece of bucket `b` of a flat-layout tensor, and of a partition tensor.
+  at::Tensor own_slice(const at::Tensor& flat, size_t b) const;
+  at::Tensor partition_slice(const at::Tensor& partition, size_t b) const;
+  at::Tensor assemble_full(const at::Tensor& partition);  // collective, flat layout
+  // Stages 1, 2: every rank's updated slices to every rank. Returns the milliseconds it took.
+  double all_gather_parameters();
+  // The device path (zero_optimizer_cuda.cpp; a CPU build's, zero_optimizer_cpu.cpp, throw).
+  // Buffers that live as long as the optimizer; the segment table and reduction scratch for the
+  // current layout; one step's kernels and reductions, with the host's learning rate and loss
+  // scale or (nullptr) the device's.
+  void create_device_buffers();
+  void prepare_device_layout();
+  void enqueue_device_step(const HostStepInputs* host_inputs);
+  // Throws Error: the device path's `method` was called, but the parameters are on the CPU.
+  [[noreturn]] static void no_gpu(const char* method);
+
+  FlatParameters& flat_;
+  Reducer& reducer_;
+  Communicator& comm_;
+  ZeroOptions options_;
+  int64_t steps_ = 0;  // steps applied, on the CPU (on a GPU the device state counts them)
+  // step() on the CPU: steps taken or skipped, the last one's outcome and lr, the fp16 scaler.
+  int64_t host_global_step_ = 0;
+  StepOutcome host_last_outcome_;
+  double host_last_lr_ = 0.0;
+  std::optional<LossScaler> host_scaler_;
+  at::Tensor master_;  // fp32; partition (stages 1, 2) or whole; undefined when params are fp32 master
+  at::Tensor exp_avg_;
+  at::Tensor exp_avg_sq_;
+  // The device path's buffers, on the parameters' GPU (undefined on the CPU).
+  at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
+  at::Tensor loss_scale_;      // fp32 [1]
+  at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients
+  at::Tensor block_partials_;  // fp64 [device_grid_blocks_]: the reduction's per-block sums
+  at::Tensor segments_;        // int64 [segments, 4]: FusedSegment, this rank's partition
+  int device_grid_blocks_ = 0;
+};
+
+}  // namespace hpc_train

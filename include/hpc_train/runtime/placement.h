@@ -1,0 +1,76 @@
+// Where each rank computes and how the ranks communicate, agreed by every rank.
+//
+// Note [Agreed placement]
+// Ranks that chose for themselves could disagree: a node without GPUs would pick the CPU and
+// MPI while the others pick GPUs and NCCL, and the job would hang in its first collective. So
+// each rank reports what it sees (RankDevices: its node, the GPUs visible to it, the PCI bus id
+// of the one it would take), the reports are gathered on every rank (resolve_placement), and
+// one pure function (decide_placement) turns them into every rank's placement. Every rank
+// computes the same answer from the same reports: the same placement, or the same ConfigError,
+// which names the ranks on each side of the disagreement.
+//
+// The rules (--device, --backend as in config.h):
+//   device  cpu: the CPU everywhere. cuda: a GPU everywhere; ranks that see none are an error.
+//           auto: a GPU everywhere if every rank sees one, the CPU if none does; a job where
+//           some ranks see a GPU and some do not is an error (make GPUs visible to every rank,
+//           or say --device cpu).
+//   GPU     choose_cuda_device: a rank that sees one GPU (srun --gpus-per-task=1, or a
+//           CUDA_VISIBLE_DEVICES of its own) takes it; ranks that share a node's GPUs take
+//           local rank modulo the visible GPUs.
+//   backend NCCL needs a GPU of its own for every rank: every rank's (node, bus id) distinct.
+//           auto: NCCL when that holds and this build has NCCL, else MPI (GPU tensors staged
+//           through the host). nccl: refused otherwise, naming the ranks that share a GPU.
+//           mpi: MPI. none: no communication (one rank; the Communicator checks).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/config/config.h"
+
+namespace hpc_train {
+
+// Where this rank computes and how it communicates.
+struct Placement {
+  bool cuda = false;
+  int cuda_device = 0;  // choose_cuda_device's answer (CUDA_VISIBLE_DEVICES applies)
+  CommBackendKind backend = CommBackendKind::kMpi;
+  std::string describe() const;  // e.g. "GPU 0, nccl"
+};
+
+// What one rank sees: the input of the decision (Note [Agreed placement]).
+struct RankDevices {
+  std::string host;      // the node's name
+  int local_rank = 0;    // place among the ranks of the node (Runtime::local_rank)
+  int visible_gpus = 0;  // GPUs this rank can use; 0 on a CPU build
+  // PCI bus id ("0000:1b:00.0") of the GPU it would take (choose_cuda_device): what names one
+  // GPU however CUDA_VISIBLE_DEVICES numbers it for each rank. Empty without GPUs.
+  std::string bus_id;
+};
+
+// The GPU a rank takes among those it sees: local_rank % visible_gpus (its only GPU when it
+// sees one). visible_gpus > 0.
+int choose_cuda_device(int local_rank, int visible_gpus);
+
+// Every rank's placement from every rank's report (`ranks[r]` is rank r's), by the rules of
+// Note [Agreed placement]. `nccl_built`: whether this build has NCCL (nccl_available()). Pure.
+// Throws ConfigError for what cannot work, naming the ranks and their nodes:
+// "--device auto: ranks 0,2 (node a) see a GPU, rank 1 (node b) sees none; ...".
+std::vector<Placement> decide_placement(const TrainConfig& config,
+                                        const std::vector<RankDevices>& ranks, bool nccl_built);
+
+// This rank's report: the GPUs LibTorch sees and the bus id of the one choose_cuda_device
+// takes. A CPU build reports none (placement_cpu.cpp; the GPU build's is placement_cuda.cpp).
+RankDevices probe_devices(const std::string& host, int local_rank);
+
+// This rank's placement, agreed by every rank of `comm`: the reports are gathered on every
+// rank (MPI_Allgather), and every rank decides from all of them alike (decide_placement), so
+// every rank gets its place or every rank throws the same ConfigError. Collective. `mine` is
+// made beforehand (probe_devices), so that a rank whose probe throws leaves no rank waiting here.
+Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const RankDevices& mine,
+                            bool nccl_built = nccl_available());
+
+}  // namespace hpc_train

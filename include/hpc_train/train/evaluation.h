@@ -1,0 +1,44 @@
+// Evaluation: loss and accuracy of the model on a split, exact over all ranks. Each rank takes
+// its uneven share of the split in order (EpochTail::kUneven: every sample once, no padding),
+// in batches larger than training's (no gradients are kept, and the result does not depend on
+// the batch size), sums loss and correct answers on the device, and the sums are all-reduced.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/device_input.h"
+#include "hpc_train/model/models.h"
+#include "hpc_train/monitor/run_report.h"
+
+namespace hpc_train {
+
+class Evaluator {
+ public:
+  static constexpr int64_t kBatchSamples = 256;
+
+  // Input like training's (`device`, `dtype`, `channels_last`), without augmentation.
+  // `dataset` and `comm` must outlive the evaluator.
+  Evaluator(const DatasetFile& dataset, Split split, c10::Device device, c10::ScalarType dtype,
+            bool channels_last, uint64_t seed, int prefetch_batches, Communicator& comm);
+
+  // Makes rank 0's buffers (BatchNorm statistics) every rank's, as DDP does, then evaluates
+  // `model` in eval mode. Collective.
+  EvalResult evaluate(TrainableModel& model);
+
+ private:
+  const DatasetFile& dataset_;
+  Split split_;
+  c10::Device device_;
+  bool channels_last_;
+  uint64_t seed_;
+  int prefetch_batches_;
+  Communicator& comm_;
+  DeviceInput input_;
+};
+
+}  // namespace hpc_train

@@ -1,0 +1,55 @@
+// The trainer: the epoch/step loop of data-parallel training, evaluation, logging cadence.
+//
+// One step (DESIGN.md, "the corridor"): the loader thread has the rank's next micro-batch in
+// host memory -> normalise -> forward -> cross entropy -> backward into the flat gradient buffer
+// -> all-reduce and average the gradients (Note [Gradient averaging]) -> Adam/AdamW on the flat
+// parameters. Every rank starts from rank 0's parameters, so all ranks stay identical.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/config/config.h"
+#include "hpc_train/data/dataset_file.h"
+#include "hpc_train/monitor/run_report.h"
+#include "hpc_train/runtime/placement.h"
+
+namespace hpc_train {
+
+// Sets LibTorch's intra-op threads of this process (compute_threads_per_rank in runtime.h).
+void set_compute_threads(int threads);
+
+class Trainer {
+ public:
+  // Builds the model (ConfigError for an unknown name, DataError for a TorchScript file or
+  // --init-weights file that cannot be used), moves it into flat storage and broadcasts rank
+  // 0's parameters. Collective over `comm`.
+  Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
+          const TrainerOutput& output, Placement placement = Placement{});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains for config.epochs (or config.max_steps), evaluating after every epoch.
+  TrainSummary run();
+  // Loss and accuracy on the test split, exact counts over all ranks. Collective.
+  EvalResult evaluate();
+  // The model's parameters in the logical layout (model order, no padding): a copy.
+  at::Tensor flat_parameters() const;
+  MemoryBytes memory() const;
+  // The reducer's record of the last synchronised backward (overlap test, metrics).
+  std::vector<std::pair<std::string, double>> last_reducer_events() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hpc_train

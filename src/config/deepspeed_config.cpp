@@ -1,0 +1,1006 @@
+// DeepSpeed's ds_config.json mapped onto TrainConfig (deepspeed_config.h). configs/README.md has
+// the table of keys for users; this file is the mapping itself.
+//
+// Note [DeepSpeed config precedence]: command line > ds_config.json > INI file > defaults.
+//  - An option named in given_on_command_line is never changed here; a file value that differs
+//    from it gives a warning, so nobody wonders which one ran.
+//  - A key in the file overrides the INI file and the defaults.
+//  - A block present in the file describes that part of the training the way DeepSpeed would run
+//    it, DeepSpeed's defaults included, so that the file means here what it meant there:
+//    optimizer.params (FusedAdam's lr 1e-3, betas (0.9, 0.999), eps 1e-8 and weight_decay 0 --
+//    hpc_train's own default weight decay is 0.01), fp16 (enabled false and the loss scaler's
+//    defaults), bf16 (enabled false; with an fp16 or bf16 block and neither enabled, the
+//    precision is fp32) and scheduler.params. Keys absent from zero_optimization keep
+//    hpc_train's values: they only move time and memory, never the result (DESIGN.md: ZeRO stages
+//    give the same parameters), and hpc_train's bucket and overlap defaults suit it better than
+//    DeepSpeed's 5e8-element buckets. Absent top-level keys keep hpc_train's values too.
+//
+// Note [Batch identity]: DeepSpeed requires train_batch_size = train_micro_batch_size_per_gpu x
+// gradient_accumulation_steps x world size, and derives the one or two values the file leaves out
+// (_set_batch_related_parameters, then _batch_assertion), with integer division, so a
+// train_batch_size that the world size does not divide fails the check instead of being rounded
+// silently. The same rules apply here, with one extension: a micro-batch or grad_accum given on
+// the command line counts as given in the file, and when the file gives neither
+// train_batch_size nor the micro-batch (DeepSpeed would stop), the micro-batch and grad_accum of
+// the command line, INI file or defaults are used, and a warning says so.
+#include "hpc_train/config/deepspeed_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+
+// DeepSpeed's defaults for what a block present in the file leaves out (Note [DeepSpeed config
+// precedence]). FusedAdam's and DeepSpeedCPUAdam's weight decay is 0; torch.optim.AdamW's, which
+// DeepSpeed uses with params.torch_adam, is 0.01.
+constexpr double kDsAdamLr = 1e-3;
+constexpr double kDsAdamBeta1 = 0.9;
+constexpr double kDsAdamBeta2 = 0.999;
+constexpr double kDsAdamEps = 1e-8;
+constexpr double kDsFusedAdamWeightDecay = 0.0;
+constexpr double kDsTorchAdamWWeightDecay = 0.01;
+constexpr double kDsLossScale = 0.0;  // dynamic
+constexpr int kDsInitialScalePower = 16;
+constexpr int kDsLossScaleWindow = 1000;
+constexpr int kDsHysteresis = 2;
+constexpr double kDsMinLossScale = 1.0;
+constexpr int64_t kDsWarmupNumSteps = 1000;
+constexpr const char* kDsWarmupType = "log";
+constexpr double kDsWarmupMinLr = 0.0;
+constexpr double kDsWarmupMinRatio = 0.0;
+constexpr double kDsCosMinRatio = 0.0001;
+// DeepSpeed's warm-up divides by log(warmup_num_steps), so it lengthens shorter ones to 2 steps.
+constexpr int64_t kDsMinWarmupNumSteps = 2;
+
+// Top-level keys that change nothing a run computes, accepted with a warning that says why.
+const std::pair<const char*, const char*> kIgnoredTopLevelKeys[] = {
+    {"wall_clock_breakdown",
+     "hpc_train always records the step-time breakdown (metrics.jsonl)"},
+    {"memory_breakdown", "DeepSpeed's memory printout; hpc_train records GPU memory in metrics"},
+    {"dump_state", "DeepSpeed's printout of its state at start-up"},
+    {"zero_allow_untested_optimizer",
+     "it only lets DeepSpeed's ZeRO take a client optimizer; hpc_train runs its own Adam/AdamW"},
+};
+
+std::string join(const std::vector<std::string>& words, const char* separator) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : separator) + word;
+  return text;
+}
+
+// "1, 2 or 4"
+std::string join_or(const std::vector<int64_t>& values) {
+  std::string text;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) text += i + 1 == values.size() ? " or " : ", ";
+    text += std::to_string(values[i]);
+  }
+  return text;
+}
+
+std::string show(const std::string& value) { return value; }
+std::string show(bool value) { return value ? "true" : "false"; }
+std::string show(int value) { return std::to_string(value); }
+std::string show(int64_t value) { return std::to_string(value); }
+// nlohmann prints the shortest text that reads back to the same double.
+std::string show(double value) { return json(value).dump(); }
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string show(Choice value) {
+  return to_string(value);
+}
+
+std::string ranks(int64_t count) {
+  return std::to_string(count) + (count == 1 ? " rank" : " ranks");
+}
+
+// "1, 2 or 4 ranks", "1 rank"
+std::string ranks(const std::vector<int64_t>& counts) {
+  return join_or(counts) + (counts.size() == 1 && counts[0] == 1 ? " rank" : " ranks");
+}
+
+// The file, with a key given twice reported (DeepSpeed rejects that too; nlohmann would keep the
+// last silently).
+json parse_file(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw ConfigError("--deepspeed-config " + path +
+                      ": is a directory; give the ds_config.json file");
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw ConfigError("--deepspeed-config " + path + ": cannot open it (" + std::strerror(errno) +
+                      "); check the path");
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) throw ConfigError("--deepspeed-config " + path + ": cannot read it");
+
+  // The keys seen in each open object, and the dotted path to it, to name a duplicate.
+  struct Frame {
+    bool is_object;
+    std::vector<std::string> keys;
+  };
+  std::vector<Frame> frames;
+  std::string duplicate;
+  constexpr int kMaxJsonDepth = 128;  // arrays and objects inside each other
+  const auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        // The messages quote a wrong value with dump(), which recurses: 100,000 nested brackets
+        // overflowed the stack (found by fuzz/fuzz_deepspeed_config.cpp). DeepSpeed's keys nest
+        // 4 levels; Python's json stops near 1,000.
+        if (depth >= kMaxJsonDepth) {
+          throw ConfigError(path + ": arrays and objects nested more than " +
+                            std::to_string(kMaxJsonDepth) + " levels deep; DeepSpeed's keys need 4");
+        }
+        frames.push_back({event == json::parse_event_t::object_start, {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames.empty()) frames.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        if (frames.empty() || !duplicate.empty()) break;
+        const std::string key = parsed.get<std::string>();
+        std::vector<std::string>& keys = frames.back().keys;
+        if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
+          std::string dotted;
+          for (size_t i = 0; i + 1 < frames.size(); ++i) {
+            dotted += frames[i].is_object && !frames[i].keys.empty() ? frames[i].keys.back() + "."
+                                                                     : std::string("[].");
+          }
+          duplicate = dotted + key;
+        }
+        keys.push_back(key);
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+  json root;
+  try {
+    root = json::parse(text.str(), on_event);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(path + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
+  } catch (const json::out_of_range& e) {
+    // What nlohmann throws for a number beyond a double's range (1e400); it escaped as exit 1.
+    throw ConfigError(path + ": not valid JSON: " + e.what());
+  }
+  if (!duplicate.empty()) {
+    throw ConfigError(path + ": key '" + duplicate +
+                      "' appears twice; keep one (DeepSpeed rejects duplicate keys too)");
+  }
+  if (!root.is_object()) {
+    throw ConfigError(path + ": the top level must be a JSON object ({...}), not " +
+                      root.type_name());
+  }
+  return root;
+}
+
+const json* member(const json& object, const char* name) {
+  const auto found = object.find(name);
+  return found == object.end() ? nullptr : &*found;
+}
+
+class Importer {
+ public:
+  Importer(const DeepSpeedImport& import, int world_size, const std::set<std::string>& given,
+           TrainConfig& config)
+      : path_(import.path),
+        allow_unknown_(import.allow_unknown_keys),
+        world_size_(world_size),
+        given_(given),
+        config_(config) {}
+
+  std::vector<std::string> run() {
+    const json root = parse_file(path_);
+    check_top_level_keys(root);
+    // Precision first: the bucket size in zero_optimization is counted in its elements.
+    apply_precision(root);
+    if (const json* block = member(root, "optimizer")) apply_optimizer(*block);
+    // After the optimizer: WarmupLR's warmup_max_lr replaces the optimizer's lr, as in DeepSpeed.
+    if (const json* block = member(root, "scheduler")) apply_scheduler(*block, root);
+    if (const json* block = member(root, "zero_optimization")) apply_zero(*block);
+    if (const json* value = member(root, "gradient_clipping")) {
+      set("clip-grad", "gradient_clipping", &TrainConfig::clip_grad,
+          number(*value, "gradient_clipping"));
+    }
+    if (const json* value = member(root, "steps_per_print")) {
+      set("log-every", "steps_per_print", &TrainConfig::log_every,
+          to_int(whole(*value, "steps_per_print"), "steps_per_print"));
+    }
+    apply_batch(root);
+    validate_mapped();
+    return std::move(warnings_);
+  }
+
+ private:
+  std::string where() const { return path_ + ": "; }
+  void warn(const std::string& message) { warnings_.push_back(where() + message); }
+
+  // --- Keys.
+
+  void unknown_key(const std::string& key, const std::vector<std::string>& known) {
+    if (allow_unknown_) {
+      warn("ignoring unknown key '" + key + "' (--deepspeed-allow-unknown); known keys here: " +
+           join(known, ", "));
+      return;
+    }
+    throw ConfigError(where() + "unknown key '" + key + "'; known keys here: " +
+                      join(known, ", ") +
+                      ". --deepspeed-allow-unknown turns this into a warning");
+  }
+
+  void check_keys(const json& object, const std::string& prefix,
+                  const std::vector<std::string>& known) {
+    for (const auto& item : object.items()) {
+      if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
+      unknown_key(prefix.empty() ? item.key() : prefix + "." + item.key(), known);
+    }
+  }
+
+  void check_top_level_keys(const json& root) {
+    std::vector<std::string> known = {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "optimizer",        "scheduler",                      "fp16",
+        "bf16",             "zero_optimization",              "gradient_clipping",
+        "steps_per_print"};
+    for (const auto& [key, reason] : kIgnoredTopLevelKeys) known.emplace_back(key);
+    for (const auto& item : root.items()) {
+      for (const auto& [key, reason] : kIgnoredTopLevelKeys) {
+        if (item.key() == key) warn("'" + item.key() + "' is ignored: " + reason);
+      }
+    }
+    check_keys(root, "", known);
+  }
+
+  // --- Values of the expected JSON type, or a ConfigError naming key, expectation and value.
+
+  [[noreturn]] void wrong_type(const std::string& key, const std::string& expected,
+                               const json& value) const {
+    std::string shown = value.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    std::string message = where() + "'" + key + "' must be " + expected + ", not " +
+                          value.type_name() + " " + shown;
+    if (value.is_string() && value.get<std::string>() == "auto") {
+      message += " ('auto' is filled in by Hugging Face's Trainer before DeepSpeed reads the "
+                 "file; give the value itself)";
+    }
+    throw ConfigError(message);
+  }
+
+  int64_t whole(const json& value, const std::string& key) const {
+    if (value.is_number_unsigned()) {
+      if (value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return value.get<int64_t>();
+      }
+    } else if (value.is_number_integer()) {
+      return value.get<int64_t>();
+    } else if (value.is_number_float()) {
+      // Python writes 5e8 as a float, and DeepSpeed (pydantic) takes a float without a fraction
+      // where it wants a whole number, so 5e8 and 64.0 are whole numbers here too.
+      const double number = value.get<double>();
+      if (std::isfinite(number) && number == std::floor(number) && std::fabs(number) < 9.0e18) {
+        return static_cast<int64_t>(number);
+      }
+    }
+    wrong_type(key, "a whole number", value);
+  }
+
+  int to_int(int64_t value, const std::string& key) const {
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+      throw ConfigError(where() + "'" + key + "' " + std::to_string(value) +
+                        " is out of range (at most " +
+                        std::to_string(std::numeric_limits<int>::max()) + ")");
+    }
+    return static_cast<int>(value);
+  }
+
+  double number(const json& value, const std::string& key) const {
+    if (!value.is_number()) wrong_type(key, "a number", value);
+    return value.get<double>();
+  }
+
+  bool boolean(const json& value, const std::string& key) const {
+    if (!value.is_boolean()) wrong_type(key, "true or false", value);
+    return value.get<bool>();
+  }
+
+  std::string text(const json& value, const std::string& key) const {
+    if (!value.is_string()) wrong_type(key, "a string", value);
+    return value.get<std::string>();
+  }
+
+  const json& object(const json& value, const std::string& key) const {
+    if (!value.is_object()) wrong_type(key, "an object {...}", value);
+    return value;
+  }
+
+  // --- Setting an option, unless the command line gave it (Note [DeepSpeed config precedence]).
+
+  // `in_file` is false for DeepSpeed's default of a key the file leaves out of a block it has.
+  template <class T>
+  void set(const char* option, const std::string& key, T TrainConfig::*field, const T& value,
+           bool in_file = true) {
+    if (given_.count(option)) {
+      if (in_file && !(config_.*field == value)) {
+        warn("'" + key + "' " + show(value) + " is not used: --" + option + " " +
+             show(config_.*field) + " on the command line wins");
+      }
+      return;
+    }
+    config_.*field = value;
+    source_of_option_[option] = in_file ? "'" + key + "'"
+                                        : "'" + key + "' (left out: DeepSpeed's default)";
+  }
+
+  // --- The blocks.
+
+  void apply_precision(const json& root) {
+    const json* fp16 = member(root, "fp16");
+    const json* bf16 = member(root, "bf16");
+    if (!fp16 && !bf16) return;
+    bool fp16_enabled = false;
+    bool bf16_enabled = false;
+    bool enabled_in_file = false;
+    std::vector<std::string> scaler_keys_given;
+    if (fp16) {
+      const json& block = object(*fp16, "fp16");
+      check_keys(block, "fp16",
+                 {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
+                  "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                  "min_loss_scale"});
+      if (const json* value = member(block, "enabled")) {
+        fp16_enabled = boolean(*value, "fp16.enabled");
+        enabled_in_file = true;
+      }
+      // auto_cast casts the model's inputs to fp16; hpc_train always casts a batch to the model
+      // dtype on the device, so either value is what happens here.
+      if (const json* value = member(block, "auto_cast")) boolean(*value, "fp16.auto_cast");
+      if (const json* value = member(block, "consecutive_hysteresis")) {
+        if (boolean(*value, "fp16.consecutive_hysteresis")) {
+          throw ConfigError(where() +
+                            "'fp16.consecutive_hysteresis' true is not supported: hpc_train's "
+                            "loss scaler refills the hysteresis only when the scale grows "
+                            "(DeepSpeed's default); remove the key or set it to false");
+        }
+      }
+      for (const char* key : {"loss_scale", "initial_scale_power", "loss_scale_window",
+                              "hysteresis", "min_loss_scale"}) {
+        if (member(block, key)) scaler_keys_given.push_back(std::string("fp16.") + key);
+      }
+      set_number(block, "fp16", "loss_scale", "loss-scale", &TrainConfig::loss_scale,
+                 kDsLossScale);
+      set_int(block, "fp16", "initial_scale_power", "initial-scale-power",
+              &TrainConfig::initial_scale_power, kDsInitialScalePower);
+      set_int(block, "fp16", "loss_scale_window", "loss-scale-window",
+              &TrainConfig::loss_scale_window, kDsLossScaleWindow);
+      set_int(block, "fp16", "hysteresis", "hysteresis", &TrainConfig::hysteresis, kDsHysteresis);
+      set_number(block, "fp16", "min_loss_scale", "min-loss-scale", &TrainConfig::min_loss_scale,
+                 kDsMinLossScale);
+    }
+    if (bf16) {
+      const json& block = object(*bf16, "bf16");
+      check_keys(block, "bf16", {"enabled"});
+      if (const json* value = member(block, "enabled")) {
+        bf16_enabled = boolean(*value, "bf16.enabled");
+        enabled_in_file = true;
+      }
+    }
+    if (fp16_enabled && bf16_enabled) {
+      throw ConfigError(where() +
+                        "fp16.enabled and bf16.enabled are both true; enable one of them (bf16 "
+                        "keeps fp32's range and needs no loss scale; fp16 uses the fp16 block's "
+                        "loss scaler)");
+    }
+    const Precision precision = fp16_enabled   ? Precision::kFp16
+                                : bf16_enabled ? Precision::kBf16
+                                               : Precision::kFp32;
+    const char* key = fp16_enabled   ? "fp16.enabled"
+                      : bf16_enabled ? "bf16.enabled"
+                                     : "fp16/bf16 (neither enabled)";
+    set("precision", key, &TrainConfig::precision, precision, enabled_in_file);
+    if (!scaler_keys_given.empty() && config_.precision != Precision::kFp16) {
+      warn(join(scaler_keys_given, ", ") + " take effect only with fp16; the precision is " +
+           to_string(config_.precision));
+    }
+  }
+
+  void apply_optimizer(const json& value) {
+    const json& block = object(value, "optimizer");
+    check_keys(block, "optimizer", {"type", "params"});
+    const json* type_value = member(block, "type");
+    if (!type_value) {
+      throw ConfigError(where() + "'optimizer' has no 'type'; give \"Adam\" or \"AdamW\"");
+    }
+    const std::string type = text(*type_value, "optimizer.type");
+    std::string lower = type;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    // DeepSpeed compares optimizer names in lower case.
+    if (lower != "adam" && lower != "adamw") {
+      throw ConfigError(where() + "'optimizer.type' \"" + type +
+                        "\" is not supported: hpc_train runs \"Adam\" (AdamW unless "
+                        "params.adam_w_mode is false, as in DeepSpeed) and \"AdamW\"");
+    }
+    static const json kNoParams = json::object();
+    const json* params_value = member(block, "params");
+    const json& params = params_value ? object(*params_value, "optimizer.params") : kNoParams;
+    if (member(params, "max_grad_norm")) {
+      throw ConfigError(where() +
+                        "'optimizer.params.max_grad_norm' is not an optimizer parameter "
+                        "(DeepSpeed rejects it too); use the top-level \"gradient_clipping\"");
+    }
+    check_keys(params, "optimizer.params",
+               {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"});
+
+    bool adam_w_mode = true;  // DeepSpeed's default: "Adam" means AdamW
+    if (const json* mode = member(params, "adam_w_mode")) {
+      adam_w_mode = boolean(*mode, "optimizer.params.adam_w_mode");
+      if (!adam_w_mode && lower == "adamw") {
+        warn("'optimizer.params.adam_w_mode' false has no effect with type AdamW (DeepSpeed "
+             "runs AdamW then too)");
+      }
+    }
+    bool torch_adam = false;
+    if (const json* torch = member(params, "torch_adam")) {
+      torch_adam = boolean(*torch, "optimizer.params.torch_adam");
+      if (torch_adam) {
+        warn("'optimizer.params.torch_adam' true only picks PyTorch's Adam implementation in "
+             "DeepSpeed; hpc_train's computes the same update");
+      }
+    }
+    const bool adamw = lower == "adamw" || adam_w_mode;
+    set("optimizer", "optimizer.type", &TrainConfig::optimizer,
+        adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam);
+
+    set_number(params, "optimizer.params", "lr", "lr", &TrainConfig::lr, kDsAdamLr);
+    if (const json* betas = member(params, "betas")) {
+      if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+          !(*betas)[1].is_number()) {
+        wrong_type("optimizer.params.betas", "an array of two numbers like [0.9, 0.999]", *betas);
+      }
+      set("beta1", "optimizer.params.betas[0]", &TrainConfig::beta1, (*betas)[0].get<double>());
+      set("beta2", "optimizer.params.betas[1]", &TrainConfig::beta2, (*betas)[1].get<double>());
+    } else {
+      set("beta1", "optimizer.params.betas[0]", &TrainConfig::beta1, kDsAdamBeta1, false);
+      set("beta2", "optimizer.params.betas[1]", &TrainConfig::beta2, kDsAdamBeta2, false);
+    }
+    set_number(params, "optimizer.params", "eps", "eps", &TrainConfig::eps, kDsAdamEps);
+    set_number(params, "optimizer.params", "weight_decay", "weight-decay",
+               &TrainConfig::weight_decay,
+               torch_adam && adamw ? kDsTorchAdamWWeightDecay : kDsFusedAdamWeightDecay);
+  }
+
+  // DeepSpeed's warm-up is at least 2 steps long (it divides by log(warmup_num_steps)).
+  int64_t warmup_num_steps(const json& params) {
+    const json* value = member(params, "warmup_num_steps");
+    if (!value) return kDsWarmupNumSteps;
+    const int64_t steps = whole(*value, "scheduler.params.warmup_num_steps");
+    if (steps < kDsMinWarmupNumSteps) {
+      warn("'scheduler.params.warmup_num_steps' " + std::to_string(steps) + " becomes " +
+           std::to_string(kDsMinWarmupNumSteps) +
+           ", as in DeepSpeed, whose warm-up lasts at least 2 steps");
+      return kDsMinWarmupNumSteps;
+    }
+    return steps;
+  }
+
+  void apply_warmup_type(const json& params) {
+    const json* value = member(params, "warmup_type");
+    const std::string type = value ? text(*value, "scheduler.params.warmup_type") : kDsWarmupType;
+    // DeepSpeed's names are hpc_train's. DeepSpeed falls back to log with a printed warning; a
+    // typo should not change the schedule.
+    const std::optional<WarmupType> warmup_type = parse_choice<WarmupType>(type);
+    if (!warmup_type) {
+      throw ConfigError(where() + "'scheduler.params.warmup_type' \"" + type +
+                        "\": must be \"log\" or \"linear\"");
+    }
+    set("warmup-type", "scheduler.params.warmup_type", &TrainConfig::warmup_type, *warmup_type,
+        value != nullptr);
+  }
+
+  void check_last_batch_iteration(const json& params) {
+    const json* value = member(params, "last_batch_iteration");
+    if (!value) return;
+    if (whole(*value, "scheduler.params.last_batch_iteration") != -1) {
+      throw ConfigError(where() +
+                        "'scheduler.params.last_batch_iteration' resumes DeepSpeed's schedule "
+                        "mid-way; hpc_train resumes from its checkpoints: remove the key or "
+                        "give -1");
+    }
+  }
+
+  void apply_scheduler(const json& value, const json& root) {
+    const json& block = object(value, "scheduler");
+    check_keys(block, "scheduler", {"type", "params"});
+    const json* type_value = member(block, "type");
+    if (!type_value) {
+      throw ConfigError(where() +
+                        "'scheduler' has no 'type'; give \"WarmupLR\" or \"WarmupCosineLR\"");
+    }
+    const std::string type = text(*type_value, "scheduler.type");
+    static const json kNoParams = json::object();
+    const json* params_value = member(block, "params");
+    const json& params = params_value ? object(*params_value, "scheduler.params") : kNoParams;
+
+    if (type == "WarmupLR") {
+      check_keys(params, "scheduler.params",
+                 {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                  "last_batch_iteration"});
+      check_last_batch_iteration(params);
+      set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kWarmup);
+      // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
+      if (const json* max_lr = member(params, "warmup_max_lr")) {
+        const double lr = number(*max_lr, "scheduler.params.warmup_max_lr");
+        const json* optimizer = member(root, "optimizer");
+        const json* params_of_optimizer = optimizer ? member(*optimizer, "params") : nullptr;
+        const json* optimizer_lr =
+            params_of_optimizer ? member(*params_of_optimizer, "lr") : nullptr;
+        if (optimizer_lr && optimizer_lr->is_number() && optimizer_lr->get<double>() != lr) {
+          warn("'optimizer.params.lr' " + show(optimizer_lr->get<double>()) +
+               " is replaced by 'scheduler.params.warmup_max_lr' " + show(lr) +
+               ", as in DeepSpeed");
+        }
+        set("lr", "scheduler.params.warmup_max_lr", &TrainConfig::lr, lr);
+      }
+      set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
+          warmup_num_steps(params), member(params, "warmup_num_steps") != nullptr);
+      apply_warmup_type(params);
+      // DeepSpeed's warmup_min_lr is absolute; here the start is a fraction of the lr that the
+      // run uses (the command line's, if it gave one), which keeps the file's starting lr.
+      const json* min_value = member(params, "warmup_min_lr");
+      const double min_lr =
+          min_value ? number(*min_value, "scheduler.params.warmup_min_lr") : kDsWarmupMinLr;
+      if (min_lr < 0 || (config_.lr > 0 && min_lr > config_.lr)) {
+        throw ConfigError(where() + "'scheduler.params.warmup_min_lr' " + show(min_lr) +
+                          " must be in [0, " + show(config_.lr) +
+                          "] (the lr it warms up to): hpc_train's warm-up rises");
+      }
+      if (config_.lr > 0) {
+        set("warmup-start-ratio", "scheduler.params.warmup_min_lr",
+            &TrainConfig::warmup_start_ratio, min_lr / config_.lr, min_value != nullptr);
+      }
+    } else if (type == "WarmupCosineLR") {
+      check_keys(params, "scheduler.params",
+                 {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+                  "warmup_type", "last_batch_iteration"});
+      check_last_batch_iteration(params);
+      const json* total = member(params, "total_num_steps");
+      if (!total) {
+        throw ConfigError(where() +
+                          "WarmupCosineLR needs 'scheduler.params.total_num_steps' (the step "
+                          "at which the cosine ends; DeepSpeed requires it too)");
+      }
+      set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule,
+          LrScheduleKind::kWarmupCosine);
+      set("schedule-steps", "scheduler.params.total_num_steps", &TrainConfig::schedule_steps,
+          whole(*total, "scheduler.params.total_num_steps"));
+      set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
+          warmup_num_steps(params), member(params, "warmup_num_steps") != nullptr);
+      apply_warmup_type(params);
+      // WarmupCosineLR scales the optimizer's lr; its ratios are fractions of it, as here.
+      set_number(params, "scheduler.params", "warmup_min_ratio", "warmup-start-ratio",
+                 &TrainConfig::warmup_start_ratio, kDsWarmupMinRatio);
+      set_number(params, "scheduler.params", "cos_min_ratio", "cosine-final-ratio",
+                 &TrainConfig::cosine_final_ratio, kDsCosMinRatio);
+    } else {
+      throw ConfigError(where() + "'scheduler.type' \"" + type +
+                        "\" is not supported: hpc_train has \"WarmupLR\" (--lr-schedule warmup) "
+                        "and \"WarmupCosineLR\" (--lr-schedule warmup-cosine)");
+    }
+  }
+
+  void check_no_offload(const json& zero, const char* name) {
+    const json* value = member(zero, name);
+    if (!value) return;
+    const std::string key = std::string("zero_optimization.") + name;
+    const json& block = object(*value, key);
+    const json* device = member(block, "device");
+    // DeepSpeed's default device is "none"; the block's other keys matter only when offloading.
+    if (!device || text(*device, key + ".device") == "none") return;
+    throw ConfigError(where() + "'" + key + ".device' \"" + device->get<std::string>() +
+                      "\" is not supported: hpc_train keeps parameters and optimizer state on "
+                      "the GPU (ZeRO 1 and 2 partition them across ranks); give \"none\" or "
+                      "remove '" + key + "'");
+  }
+
+  void apply_zero(const json& value) {
+    const json& block = object(value, "zero_optimization");
+    check_keys(block, "zero_optimization",
+               {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+                "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+                "offload_optimizer", "offload_param"});
+    if (const json* stage_value = member(block, "stage")) {
+      const int64_t stage = whole(*stage_value, "zero_optimization.stage");
+      if (stage < 0 || stage > 2) {
+        throw ConfigError(where() + "'zero_optimization.stage' " + std::to_string(stage) +
+                          ": hpc_train supports ZeRO stages 0, 1 and 2" +
+                          (stage == 3 ? " (stage 3 also partitions the parameters); use 2, "
+                                        "which partitions gradients and optimizer state"
+                                      : ""));
+      }
+      set("zero-stage", "zero_optimization.stage", &TrainConfig::zero_stage,
+          static_cast<int>(stage));
+    }
+    check_no_offload(block, "offload_optimizer");
+    check_no_offload(block, "offload_param");
+    if (const json* overlap = member(block, "overlap_comm")) {
+      set("overlap-comm", "zero_optimization.overlap_comm", &TrainConfig::overlap_comm,
+          boolean(*overlap, "zero_optimization.overlap_comm"));
+    }
+    if (const json* contiguous = member(block, "contiguous_gradients")) {
+      if (!boolean(*contiguous, "zero_optimization.contiguous_gradients")) {
+        warn("'zero_optimization.contiguous_gradients' false has no effect: hpc_train's "
+             "gradients always live in flat bucket storage");
+      }
+    }
+    // reduce_scatter false makes DeepSpeed's stage 2 all-reduce and keep its own partition: the
+    // same numbers with twice the traffic. Warning rather than error: the result does not change.
+    if (const json* scatter = member(block, "reduce_scatter")) {
+      if (!boolean(*scatter, "zero_optimization.reduce_scatter") && config_.zero_stage == 2) {
+        warn("'zero_optimization.reduce_scatter' false has no effect: hpc_train's ZeRO stage 2 "
+             "always reduce-scatters gradients (the same result as DeepSpeed's all-reduce, with "
+             "half the traffic)");
+      }
+    }
+    if (const json* partitions = member(block, "allgather_partitions")) {
+      if (!boolean(*partitions, "zero_optimization.allgather_partitions")) {
+        warn("'zero_optimization.allgather_partitions' false has no effect: hpc_train always "
+             "all-gathers the updated parameters (the same result as DeepSpeed's broadcasts)");
+      }
+    }
+
+    // DeepSpeed counts bucket sizes in ELEMENTS of the gradients' dtype, hpc_train in MiB: an
+    // element is 2 bytes in fp16 and bf16 and 4 in fp32, so 5e8 elements are 953.7 MiB in fp16.
+    const double element_bytes = config_.precision == Precision::kFp32 ? 4.0 : 2.0;
+    std::optional<int64_t> reduce_elements;
+    if (const json* reduce = member(block, "reduce_bucket_size")) {
+      reduce_elements = whole(*reduce, "zero_optimization.reduce_bucket_size");
+      if (*reduce_elements < 1) {
+        throw ConfigError(where() + "'zero_optimization.reduce_bucket_size' " +
+                          std::to_string(*reduce_elements) +
+                          " must be at least 1 (elements per gradient bucket), e.g. 5e8");
+      }
+      set("bucket-mb", "zero_optimization.reduce_bucket_size", &TrainConfig::bucket_mb,
+          static_cast<double>(*reduce_elements) * element_bytes / kBytesPerMiB);
+    }
+    if (const json* gather = member(block, "allgather_bucket_size")) {
+      const int64_t gather_elements = whole(*gather, "zero_optimization.allgather_bucket_size");
+      if (!reduce_elements || gather_elements != *reduce_elements) {
+        warn("'zero_optimization.allgather_bucket_size' " + std::to_string(gather_elements) +
+             " has no effect: hpc_train all-gathers parameters in the gradient buckets "
+             "(reduce_bucket_size, --bucket-mb)");
+      }
+    }
+  }
+
+  // --- Note [Batch identity]
+
+  std::optional<int64_t> batch_key(const json& root, const char* key) const {
+    const json* value = member(root, key);
+    // null means "not given" to DeepSpeed (it reads these with dict.get).
+    if (!value || value->is_null()) return std::nullopt;
+    const int64_t number = whole(*value, key);
+    if (number < 1) {
+      throw ConfigError(where() + "'" + key + "' " + std::to_string(number) +
+                        " must be at least 1");
+    }
+    return number;
+  }
+
+  // Rank counts that divide `samples` (each rank gets samples / ranks): the ones up to the
+  // world size nearest to it, and the next larger one, e.g. "1, 2 or 4" for 64 at 3 ranks. The
+  // search for the larger one stops at kMaxSuggestedRanks, so that it takes no time for any
+  // train_batch_size (a search of all divisors up to sqrt(2^63) never ended).
+  static std::vector<int64_t> divisor_ranks(int64_t samples, int64_t world) {
+    constexpr int64_t kMaxSuggestedRanks = int64_t{1} << 20;
+    std::vector<int64_t> below;
+    for (int64_t d = 1; d <= std::min(samples, world); ++d) {
+      if (samples % d == 0) below.push_back(d);
+    }
+    constexpr size_t kShownBelow = 3;
+    const size_t first = below.size() > kShownBelow ? below.size() - kShownBelow : 0;
+    std::vector<int64_t> chosen(below.begin() + static_cast<std::ptrdiff_t>(first), below.end());
+    for (int64_t d = world + 1; d <= std::min(samples, kMaxSuggestedRanks); ++d) {
+      if (samples % d == 0) {
+        chosen.push_back(d);
+        break;
+      }
+    }
+    return chosen;
+  }
+
+  // Multiples of `unit` next to `samples`, e.g. "63 or 66" for 64 and 3 (0, and one beyond
+  // the int64 range, left out).
+  static std::vector<int64_t> nearby_multiples(int64_t samples, int64_t unit) {
+    std::vector<int64_t> multiples;
+    const int64_t below = samples / unit * unit;
+    if (below > 0) multiples.push_back(below);
+    int64_t above = 0;
+    if (!__builtin_add_overflow(below, unit, &above)) multiples.push_back(above);
+    return multiples;
+  }
+
+  // The batch factors given (by the file or the command line) and the world size must multiply
+  // within 64 bits: the identity's products below, and the run's global batch, are int64. Python
+  // integers do not overflow, so DeepSpeed would just find no such batch; a C++ product that
+  // wrapped around could even pass the identity.
+  void require_batch_product_fits(const std::optional<int64_t>& micro,
+                                  const std::optional<int64_t>& accum,
+                                  bool micro_from_command_line,
+                                  bool accum_from_command_line) const {
+    int64_t product = world_size_;
+    bool overflow = false;
+    std::string keys, factors, sources;
+    const auto factor = [&](const std::optional<int64_t>& value, const char* key,
+                            bool from_command_line, const char* option) {
+      if (!value) return;
+      keys += std::string(key) + " x ";
+      factors += std::to_string(*value) + " x ";
+      overflow = overflow || __builtin_mul_overflow(product, *value, &product);
+      if (from_command_line) {
+        sources += std::string(" The ") + key + " " + std::to_string(*value) + " is --" + option +
+                   " on the command line.";
+      }
+    };
+    factor(micro, "train_micro_batch_size_per_gpu", micro_from_command_line, "micro-batch");
+    factor(accum, "gradient_accumulation_steps", accum_from_command_line, "grad-accum");
+    if (!overflow) return;
+    throw ConfigError(where() + keys + "world size = " + factors + ranks(world_size_) +
+                      " overflows a 64-bit integer: no batch can have that many samples." +
+                      sources + " Give smaller values");
+  }
+
+  enum class Given { kAll, kBatchAndMicro, kBatchAndAccum, kBatchOnly };
+
+  [[noreturn]] void batch_mismatch(Given given, int64_t batch, int64_t micro, int64_t accum,
+                                   bool micro_from_command_line, bool accum_from_command_line,
+                                   int64_t configured_micro) const {
+    const int64_t world = world_size_;
+    std::string message = where() + "train_batch_size " + std::to_string(batch) +
+                          " must equal train_micro_batch_size_per_gpu x "
+                          "gradient_accumulation_steps x world size (" +
+                          std::to_string(micro) + " x " + std::to_string(accum) + " x " +
+                          std::to_string(world) + " = " + std::to_string(micro * accum * world) +
+                          " with " + ranks(world) + ").";
+    if (micro_from_command_line) {
+      message += " The micro-batch " + std::to_string(micro) +
+                 " is --micro-batch on the command line.";
+    }
+    if (accum_from_command_line) {
+      message += " The gradient_accumulation_steps " + std::to_string(accum) +
+                 " is --grad-accum on the command line.";
+    }
+    message += " With " + ranks(world) + " ";
+    switch (given) {
+      case Given::kBatchOnly:
+      case Given::kBatchAndAccum: {
+        // The micro-batch is derived: the batch must split evenly over ranks x accumulation.
+        const int64_t unit = world * accum;
+        message += "use a train_batch_size divisible by " +
+                   (accum == 1 ? std::to_string(world)
+                               : std::to_string(world) + " x " + std::to_string(accum) + " = " +
+                                     std::to_string(unit)) +
+                   ", e.g. " + join_or(nearby_multiples(batch, unit));
+        const std::vector<int64_t> nearby = nearby_multiples(batch, unit);
+        int64_t with_configured = 0;
+        if (!__builtin_mul_overflow(unit, configured_micro, &with_configured) &&
+            std::find(nearby.begin(), nearby.end(), with_configured) == nearby.end()) {
+          message += " (or " + std::to_string(with_configured) + " for micro-batch " +
+                     std::to_string(configured_micro) + ")";
+        }
+        if (batch % accum == 0) {
+          const int64_t per_step = batch / accum;
+          message += "; or run " + std::to_string(batch) + " on " +
+                     ranks(divisor_ranks(per_step, world)) + " (any divisor of " +
+                     std::to_string(per_step) + ")";
+        } else {
+          message += "; or a gradient_accumulation_steps that divides " + std::to_string(batch);
+        }
+        break;
+      }
+      case Given::kBatchAndMicro: {
+        // The accumulation is derived: the batch must be a multiple of ranks x micro-batch.
+        const int64_t unit = world * micro;
+        message += "and micro-batch " + std::to_string(micro) +
+                   " use a train_batch_size divisible by " + std::to_string(world) + " x " +
+                   std::to_string(micro) + " = " + std::to_string(unit) + ", e.g. " +
+                   join_or(nearby_multiples(batch, unit));
+        if (batch % micro == 0) {
+          const int64_t micro_steps = batch / micro;
+          message += "; or run " + std::to_string(batch) + " on " +
+                     ranks(divisor_ranks(micro_steps, world)) + " (any divisor of " +
+                     std::to_string(micro_steps) + ")";
+        } else {
+          message += "; or a micro-batch that divides " + std::to_string(batch);
+        }
+        break;
+      }
+      case Given::kAll: {
+        message += "use train_batch_size " + std::to_string(micro * accum * world) +
+                   ", or leave one of the three out so that it is derived";
+        if (batch % (micro * accum) == 0) {
+          message += "; or run it on " + ranks(batch / (micro * accum));
+        }
+        break;
+      }
+    }
+    throw ConfigError(message);
+  }
+
+  void apply_batch(const json& root) {
+    const std::optional<int64_t> file_batch = batch_key(root, "train_batch_size");
+    std::optional<int64_t> micro = batch_key(root, "train_micro_batch_size_per_gpu");
+    std::optional<int64_t> accum = batch_key(root, "gradient_accumulation_steps");
+    const int64_t configured_micro = config_.micro_batch;
+    const int64_t configured_accum = config_.grad_accum;
+
+    // The command line's values count as given, and win over the file's.
+    const bool micro_from_command_line = given_.count("micro-batch") > 0;
+    const bool accum_from_command_line = given_.count("grad-accum") > 0;
+    if (micro_from_command_line) {
+      if (micro && *micro != config_.micro_batch) {
+        warn("'train_micro_batch_size_per_gpu' " + std::to_string(*micro) +
+             " is not used: --micro-batch " + std::to_string(config_.micro_batch) +
+             " on the command line wins");
+      }
+      micro = config_.micro_batch;
+    }
+    if (accum_from_command_line) {
+      if (accum && *accum != config_.grad_accum) {
+        warn("'gradient_accumulation_steps' " + std::to_string(*accum) +
+             " is not used: --grad-accum " + std::to_string(config_.grad_accum) +
+             " on the command line wins");
+      }
+      accum = config_.grad_accum;
+    }
+    if (!file_batch && !micro) {
+      // DeepSpeed stops here; the run's own micro-batch (and grad_accum) do instead. The
+      // micro-batch cannot be the command line's here: that one counts as given.
+      micro = config_.micro_batch;
+      std::string used = "micro-batch " + std::to_string(*micro);
+      if (!accum) {
+        accum = config_.grad_accum;
+        used += " and grad_accum " + std::to_string(*accum);
+      }
+      warn("gives neither train_batch_size nor train_micro_batch_size_per_gpu; using " + used +
+           " of the INI file or defaults");
+    }
+
+    require_batch_product_fits(micro, accum, micro_from_command_line, accum_from_command_line);
+    const int64_t world = world_size_;
+    int64_t batch = 0;
+    Given given = Given::kAll;
+    if (file_batch && micro && accum) {
+      batch = *file_batch;
+      given = Given::kAll;
+    } else if (file_batch && micro) {
+      batch = *file_batch;
+      accum = batch / *micro / world;
+      given = Given::kBatchAndMicro;
+    } else if (file_batch && accum) {
+      batch = *file_batch;
+      micro = batch / world / *accum;
+      given = Given::kBatchAndAccum;
+    } else if (micro && accum) {
+      batch = *micro * *accum * world;
+    } else if (file_batch) {
+      batch = *file_batch;
+      accum = 1;
+      micro = batch / world;
+      given = Given::kBatchOnly;
+    } else {
+      accum = 1;
+      batch = *micro * world;
+    }
+    if (*micro < 1 || *accum < 1 || batch != *micro * *accum * world) {
+      batch_mismatch(given, batch, *micro, *accum, micro_from_command_line,
+                     accum_from_command_line, configured_micro);
+    }
+    // An accumulation set in the INI file but replaced by DeepSpeed's derivation (which the
+    // file does not show) deserves a word; the default 1 does not.
+    const bool accum_in_file = member(root, "gradient_accumulation_steps") != nullptr;
+    if (!accum_from_command_line && !accum_in_file && *accum != configured_accum &&
+        configured_accum != TrainConfig{}.grad_accum) {
+      warn("gradient_accumulation_steps is " + std::to_string(*accum) +
+           ", as DeepSpeed derives it from this file; the grad_accum " +
+           std::to_string(configured_accum) + " of the INI file or defaults is not used");
+    }
+    set("micro-batch", "train_micro_batch_size_per_gpu", &TrainConfig::micro_batch,
+        to_int(*micro, "train_micro_batch_size_per_gpu"));
+    set("grad-accum", "gradient_accumulation_steps", &TrainConfig::grad_accum,
+        to_int(*accum, "gradient_accumulation_steps"));
+  }
+
+  // --- Range checks, with the message naming the key that set the value.
+
+  void validate_mapped() const {
+    try {
+      validate(config_);
+    } catch (const ConfigError& e) {
+      const std::string message = e.what();
+      for (const auto& [option, key] : source_of_option_) {
+        if (message.rfind("--" + option + " ", 0) == 0) {
+          throw ConfigError(where() + key + " gives " + message);
+        }
+      }
+      throw;
+    }
+  }
+
+  // --- Helpers for a key of a block: its value, or DeepSpeed's default when it is left out.
+
+  void set_number(const json& block, const std::string& prefix, const char* name,
+                  const char* option, double TrainConfig::*field, double ds_default) {
+    const std::string key = prefix + "." + name;
+    if (const json* value = member(block, name)) {
+      set(option, key, field, number(*value, key));
+    } else {
+      set(option, key, field, ds_default, false);
+    }
+  }
+
+  void set_int(const json& block, const std::string& prefix, const char* name, const char* option,
+               int TrainConfig::*field, int ds_default) {
+    const std::string key = prefix + "." + name;
+    if (const json* value = member(block, name)) {
+      set(option, key, field, to_int(whole(*value, key), key));
+    } else {
+      set(option, key, field, ds_default, false);
+    }
+  }
+
+  std::string path_;
+  bool allow_unknown_;
+  int world_size_;
+  const std::set<std::string>& given_;
+  TrainConfig& config_;
+  std::vector<std::string> warnings_;
+  std::map<std::string, std::string> source_of_option_;  // option -> "'key'" that set it
+};
+
+}  // namespace
+
+std::vector<std::string> apply_deepspeed_config(const DeepSpeedImport& import, int world_size,
+                                                const std::set<std::string>& given_on_command_line,
+                                                TrainConfig& config) {
+  if (world_size < 1) {
+    throw Error("apply_deepspeed_config: world size " + std::to_string(world_size) +
+                " (must be at least 1)");
+  }
+  if (import.path.empty()) return {};
+  // Work on a copy, so that a failure leaves the caller's configuration as it was.
+  TrainConfig updated = config;
+  std::vector<std::string> warnings =
+      Importer(import, world_size, given_on_command_line, updated).run();
+  config = updated;
+  return warnings;
+}
+
+}  // namespace hpc_train

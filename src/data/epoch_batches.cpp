@@ -1,0 +1,75 @@
+#include "hpc_train/data/epoch_batches.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "hpc_train/data/epoch_plan.h"
+#include "hpc_train/error.h"
+#include "hpc_train/monitor/metrics.h"
+
+namespace hpc_train {
+
+EpochBatches::EpochBatches(DeviceInput& input, const DatasetFile& dataset,
+                           std::vector<int64_t> indices, int64_t batch_size, int prefetch_batches,
+                           int64_t epoch, int64_t first_batch, bool resident)
+    : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch),
+      indices_(std::move(indices)) {
+  if (!resident) loader_.emplace(dataset, Split::kTrain, indices_, batch_size, prefetch_batches);
+}
+
+int64_t EpochBatches::batches() const {
+  return batches_per_epoch(static_cast<int64_t>(indices_.size()), batch_size_);
+}
+
+bool EpochBatches::prepare_next(double* wait_ms) {
+  const int64_t index = first_batch_ + batches_prepared_;
+  const int64_t begin = batches_prepared_ * batch_size_;
+  if (begin >= static_cast<int64_t>(indices_.size())) return false;
+  const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
+  if (loader_) {
+    Stopwatch wait;
+    const bool more = loader_->next(host_batch_);
+    *wait_ms += wait.elapsed_ms();
+    if (!more) throw Error("the loader ended before the epoch plan did");
+    host_batch_.index_in_epoch = index;
+    input_.prepare(host_batch_, epoch_);
+  } else {
+    input_.prepare_resident(std::vector<int64_t>(indices_.begin() + begin, indices_.begin() + end),
+                            index, epoch_);
+  }
+  prepared_.emplace_back(begin, end);
+  ++batches_prepared_;
+  return true;
+}
+
+DeviceBatch EpochBatches::take() {
+  taken_ = prepared_.front();
+  prepared_.pop_front();
+  return input_.take();
+}
+
+std::vector<int64_t> EpochBatches::taken_indices() const {
+  return std::vector<int64_t>(indices_.begin() + taken_.first, indices_.begin() + taken_.second);
+}
+
+SampleTrace::SampleTrace(int rank) {
+  const char* prefix = std::getenv("HPC_TRAIN_TEST_SAMPLE_TRACE");
+  if (prefix == nullptr || *prefix == '\0') return;
+  const std::string path = std::string(prefix) + "." + std::to_string(rank);
+  file_ = std::fopen(path.c_str(), "a");
+  if (file_ == nullptr) throw Error("HPC_TRAIN_TEST_SAMPLE_TRACE: cannot open " + path);
+}
+
+SampleTrace::~SampleTrace() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void SampleTrace::write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices) {
+  std::fprintf(file_, "%lld %lld", static_cast<long long>(epoch), static_cast<long long>(step));
+  for (int64_t index : indices) std::fprintf(file_, " %lld", static_cast<long long>(index));
+  std::fprintf(file_, "\n");
+  std::fflush(file_);
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,80 @@
+#include "hpc_train/model/flat_parameters.h"
+
+#include <ATen/ATen.h>
+
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+
+FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::Tensor> parameters,
+                               BucketLayout layout)
+    : names_(std::move(names)), parameters_(std::move(parameters)), layout_(std::move(layout)) {
+  if (names_.size() != parameters_.size() || parameters_.size() != layout_.slots.size())
+    throw Error("FlatParameters: names, parameters and layout differ in count");
+  if (parameters_.empty()) throw Error("FlatParameters: the model has no parameters");
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const at::Tensor& p = parameters_[i];
+    if (p.scalar_type() != parameters_[0].scalar_type() || p.device() != parameters_[0].device())
+      throw Error("FlatParameters: parameter " + names_[i] + " differs in dtype or device");
+    if (p.numel() != layout_.slots[i].numel)
+      throw Error("FlatParameters: the layout's size of " + names_[i] + " is wrong");
+    shapes_.push_back(p.sizes().vec());
+    logical_numel_ += p.numel();
+  }
+  const at::TensorOptions options = parameters_[0].options().requires_grad(false);
+  values_ = at::zeros({layout_.total_numel}, options);
+  grads_ = at::zeros({layout_.total_numel}, options);
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    values_.narrow(0, layout_.slots[i].offset, layout_.slots[i].numel)
+        .copy_(parameters_[i].detach().reshape({-1}));
+  point_parameters_at_buffers();
+}
+
+// See Note [Flat parameter storage].
+void FlatParameters::point_parameters_at_buffers() {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const BucketLayout::Slot& slot = layout_.slots[i];
+    parameters_[i].set_data(values_.narrow(0, slot.offset, slot.numel).view(shapes_[i]));
+    parameters_[i].mutable_grad() = grads_.narrow(0, slot.offset, slot.numel).view(shapes_[i]);
+  }
+}
+
+at::Tensor FlatParameters::bucket_view(const at::Tensor& flat, size_t bucket) const {
+  const BucketLayout::Span& span = layout_.spans.at(bucket);
+  return flat.narrow(0, span.offset, span.padded_numel);
+}
+
+at::Tensor FlatParameters::to_logical(const at::Tensor& flat) const {
+  std::vector<at::Tensor> pieces;
+  for (const BucketLayout::Slot& slot : layout_.slots)
+    pieces.push_back(flat.narrow(0, slot.offset, slot.numel));
+  return at::cat(pieces);
+}
+
+at::Tensor FlatParameters::from_logical(const at::Tensor& logical) const {
+  if (logical.numel() != logical_numel_)
+    throw Error("FlatParameters: a logical tensor of " + std::to_string(logical.numel()) +
+                " elements for a model of " + std::to_string(logical_numel_));
+  at::Tensor flat = at::zeros({layout_.total_numel}, logical.options());
+  int64_t logical_offset = 0;
+  for (const BucketLayout::Slot& slot : layout_.slots) {
+    flat.narrow(0, slot.offset, slot.numel).copy_(logical.narrow(0, logical_offset, slot.numel));
+    logical_offset += slot.numel;
+  }
+  return flat;
+}
+
+void FlatParameters::relayout(BucketLayout layout) {
+  const at::Tensor logical_values = to_logical(values_);
+  const at::Tensor logical_grads = to_logical(grads_);
+  layout_ = std::move(layout);
+  values_ = from_logical(logical_values);
+  grads_ = from_logical(logical_grads);
+  point_parameters_at_buffers();
+}
+
+void FlatParameters::zero_grads() {
+  if (grads_.defined()) grads_.zero_();
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,328 @@
+// GPU monitoring (gpu_monitor.h). The only file that knows NVML; it declares the few NVML entry
+// points it uses itself, as NVML documents them, and loads them with dlopen. What it asks CUDA
+// is in gpu_monitor_cuda.cpp (gpu_monitor_cpu.cpp in a build without CUDA).
+#include "hpc_train/monitor/gpu_monitor.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "monitor/gpu_monitor_device.h"
+#include "hpc_train/comm/comm.h"
+
+namespace hpc_train {
+
+namespace {
+
+// NVML's C interface (nvml.h), only what the monitor needs. nvmlReturn_t is an enum whose
+// success value is 0; nvmlDevice_t an opaque pointer.
+using NvmlReturn = int;
+constexpr NvmlReturn kNvmlSuccess = 0;
+using NvmlDevice = struct NvmlDeviceOpaque*;
+struct NvmlUtilization {  // nvmlUtilization_t
+  unsigned int gpu;       // percent of the last sample period in which a kernel ran
+  unsigned int memory;
+};
+struct NvmlMemory {  // nvmlMemory_t
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";  // comes with the driver
+
+constexpr double kBytesPerGB = 1e9;
+
+}  // namespace
+
+class GpuMonitor::Impl {
+ public:
+  Impl(int cuda_device, double sample_interval_ms) : interval_ms_(sample_interval_ms) {
+    if (cuda_device < 0) {
+      reason_ = "this rank computes on the CPU";
+      return;
+    }
+    if (!load_nvml()) return;
+    if (!find_device(cuda_device)) return;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~Impl() {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+      }
+      wake_.notify_all();
+      thread_.join();
+    }
+    if (initialized_) shutdown_();
+    if (library_) dlclose(library_);
+  }
+
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  bool available() const { return reason_.empty(); }
+  const std::string& reason() const { return reason_; }
+
+  GpuSample take_interval() {
+    if (!available()) return {};
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (sum_.rounds == 0) {
+      lock.unlock();
+      const Reading reading = read();
+      lock.lock();
+      add(reading);
+    }
+    GpuSample sample;
+    sample.samples = sum_.rounds;
+    sample.utilization_pct = sum_.utilization_reads > 0 ? sum_.utilization_pct / sum_.utilization_reads : 0.0;
+    sample.memory_used_bytes = sum_.memory_used_max_bytes;
+    sample.power_w = sum_.power_reads > 0 ? sum_.power_w / sum_.power_reads : 0.0;
+    sum_ = Sums{};
+    return sample;
+  }
+
+ private:
+  // One round of NVML queries; a query that fails (e.g. power on a board without a sensor)
+  // leaves its field out.
+  struct Reading {
+    bool has_utilization = false;
+    double utilization_pct = 0.0;
+    bool has_memory = false;
+    int64_t memory_used_bytes = 0;
+    bool has_power = false;
+    double power_w = 0.0;
+  };
+  struct Sums {
+    int64_t rounds = 0;
+    int64_t utilization_reads = 0;
+    double utilization_pct = 0.0;
+    int64_t memory_used_max_bytes = 0;
+    int64_t power_reads = 0;
+    double power_w = 0.0;
+  };
+
+  template <typename Function>
+  bool resolve(Function& function, const char* symbol) {
+    function = reinterpret_cast<Function>(dlsym(library_, symbol));
+    if (!function) reason_ = std::string(kNvmlLibrary) + " has no " + symbol + " (driver too old)";
+    return function != nullptr;
+  }
+
+  bool load_nvml() {
+    library_ = dlopen(kNvmlLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (!library_) {
+      const char* error = dlerror();
+      reason_ = error ? error : std::string(kNvmlLibrary) + " not found";
+      return false;
+    }
+    if (!resolve(init_, "nvmlInit_v2") || !resolve(shutdown_, "nvmlShutdown") ||
+        !resolve(error_string_, "nvmlErrorString") ||
+        !resolve(handle_by_pci_bus_id_, "nvmlDeviceGetHandleByPciBusId_v2") ||
+        !resolve(utilization_rates_, "nvmlDeviceGetUtilizationRates") ||
+        !resolve(memory_info_, "nvmlDeviceGetMemoryInfo") ||
+        !resolve(power_usage_, "nvmlDeviceGetPowerUsage"))
+      return false;
+    const NvmlReturn rc = init_();
+    if (rc != kNvmlSuccess) {
+      reason_ = std::string("nvmlInit_v2 failed: ") + error_string_(rc);
+      return false;
+    }
+    initialized_ = true;
+    return true;
+  }
+
+  // CUDA_VISIBLE_DEVICES renumbers the GPUs for CUDA, not for NVML: the PCI bus id is what both
+  // agree on.
+  bool find_device(int cuda_device) {
+    const std::string bus_id = cuda_pci_bus_id(cuda_device, reason_);
+    if (bus_id.empty()) return false;
+    const NvmlReturn rc = handle_by_pci_bus_id_(bus_id.c_str(), &device_);
+    if (rc != kNvmlSuccess) {
+      reason_ = "nvmlDeviceGetHandleByPciBusId_v2(" + bus_id + ") failed: " + error_string_(rc);
+      return false;
+    }
+    return true;
+  }
+
+  Reading read() const {
+    Reading reading;
+    NvmlUtilization utilization{};
+    if (utilization_rates_(device_, &utilization) == kNvmlSuccess) {
+      reading.has_utilization = true;
+      reading.utilization_pct = utilization.gpu;
+    }
+    NvmlMemory memory{};
+    if (memory_info_(device_, &memory) == kNvmlSuccess) {
+      reading.has_memory = true;
+      reading.memory_used_bytes = static_cast<int64_t>(memory.used);
+    }
+    unsigned int power_mw = 0;
+    if (power_usage_(device_, &power_mw) == kNvmlSuccess) {
+      reading.has_power = true;
+      reading.power_w = power_mw / 1e3;
+    }
+    return reading;
+  }
+
+  void add(const Reading& reading) {  // under mutex_
+    ++sum_.rounds;
+    if (reading.has_utilization) {
+      ++sum_.utilization_reads;
+      sum_.utilization_pct += reading.utilization_pct;
+    }
+    if (reading.has_memory)
+      sum_.memory_used_max_bytes = std::max(sum_.memory_used_max_bytes, reading.memory_used_bytes);
+    if (reading.has_power) {
+      ++sum_.power_reads;
+      sum_.power_w += reading.power_w;
+    }
+  }
+
+  void run() {
+    const auto period = std::chrono::duration<double, std::milli>(interval_ms_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
+      lock.unlock();
+      const Reading reading = read();  // NVML is thread-safe; no lock held while it answers
+      lock.lock();
+      add(reading);
+    }
+  }
+
+  double interval_ms_;
+  std::string reason_;
+  void* library_ = nullptr;
+  bool initialized_ = false;
+  NvmlReturn (*init_)() = nullptr;
+  NvmlReturn (*shutdown_)() = nullptr;
+  const char* (*error_string_)(NvmlReturn) = nullptr;
+  NvmlReturn (*handle_by_pci_bus_id_)(const char*, NvmlDevice*) = nullptr;
+  NvmlReturn (*utilization_rates_)(NvmlDevice, NvmlUtilization*) = nullptr;
+  NvmlReturn (*memory_info_)(NvmlDevice, NvmlMemory*) = nullptr;
+  NvmlReturn (*power_usage_)(NvmlDevice, unsigned int*) = nullptr;  // milliwatts
+  NvmlDevice device_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  Sums sum_;
+  std::thread thread_;
+};
+
+GpuMonitor::GpuMonitor(int cuda_device, double sample_interval_ms)
+    : impl_(std::make_unique<Impl>(cuda_device, sample_interval_ms)) {}
+GpuMonitor::~GpuMonitor() = default;
+GpuMonitor::GpuMonitor(GpuMonitor&&) noexcept = default;
+GpuMonitor& GpuMonitor::operator=(GpuMonitor&&) noexcept = default;
+
+bool GpuMonitor::available() const { return impl_ && impl_->available(); }
+
+const std::string& GpuMonitor::unavailable_reason() const {
+  static const std::string moved_from = "moved from";
+  return impl_ ? impl_->reason() : moved_from;
+}
+
+GpuSample GpuMonitor::take_interval() { return impl_ ? impl_->take_interval() : GpuSample{}; }
+
+// MPI has no min-and-max in one operation: the max of (v, -v) gives max v and -min v, one
+// collective instead of two. A NaN (left out) enters both halves as -infinity.
+std::vector<MinMax> min_max_over_ranks(const std::vector<double>& values, Communicator& comm,
+                                       const std::string& label) {
+  const size_t n = values.size();
+  constexpr double kLeftOut = -std::numeric_limits<double>::infinity();
+  std::vector<double> global(2 * n);  // this rank's, until reduced
+  for (size_t i = 0; i < n; ++i) {
+    global[i] = std::isnan(values[i]) ? kLeftOut : values[i];
+    global[n + i] = std::isnan(values[i]) ? kLeftOut : -values[i];
+  }
+  comm.all_reduce_doubles(global, ReduceOp::kMax, label);
+  std::vector<MinMax> result(n);
+  for (size_t i = 0; i < n; ++i)
+    if (global[i] != kLeftOut) result[i] = {-global[n + i], global[i]};
+  return result;
+}
+
+GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_bytes,
+                                Communicator& comm) {
+  // A rank without NVML samples is left out of the NVML figures, not counted as an idle GPU.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const bool measured = sample.samples > 0;
+  const std::vector<MinMax> spread = min_max_over_ranks(
+      {measured ? sample.utilization_pct : nan,
+       measured ? static_cast<double>(sample.memory_used_bytes) : nan,
+       measured ? sample.power_w : nan, static_cast<double>(allocator_peak_bytes),
+       static_cast<double>(sample.samples)},
+      comm, "GPU figures");
+  GpuSpread result;
+  result.utilization_pct = spread[0];
+  result.memory_used_bytes = spread[1];
+  result.power_w = spread[2];
+  result.allocator_peak_bytes = spread[3];
+  result.measured = spread[4].max > 0;
+  return result;
+}
+
+std::string GpuSpread::describe() const {
+  char text[256];
+  const int allocator_at = measured
+      ? std::snprintf(text, sizeof(text), "GPU util %.0f-%.0f%%, mem %.1f-%.1f GB, power %.0f-%.0f W, ",
+                      utilization_pct.min, utilization_pct.max,
+                      memory_used_bytes.min / kBytesPerGB, memory_used_bytes.max / kBytesPerGB,
+                      power_w.min, power_w.max)
+      : 0;
+  std::snprintf(text + allocator_at, sizeof(text) - allocator_at, "peak alloc %.1f-%.1f GB",
+                allocator_peak_bytes.min / kBytesPerGB, allocator_peak_bytes.max / kBytesPerGB);
+  return text;
+}
+
+nlohmann::json GpuSpread::to_json() const {
+  const auto nvml = [this](double value) { return measured ? nlohmann::json(value) : nlohmann::json(); };
+  return {{"gpu_util_pct_min", nvml(utilization_pct.min)},
+          {"gpu_util_pct_max", nvml(utilization_pct.max)},
+          {"gpu_mem_used_bytes_min", nvml(memory_used_bytes.min)},
+          {"gpu_mem_used_bytes_max", nvml(memory_used_bytes.max)},
+          {"gpu_power_w_min", nvml(power_w.min)},
+          {"gpu_power_w_max", nvml(power_w.max)},
+          {"gpu_alloc_peak_bytes_min", allocator_peak_bytes.min},
+          {"gpu_alloc_peak_bytes_max", allocator_peak_bytes.max}};
+}
+
+// Dense peaks of the H100 SXM5, which the H200 SXM shares (same GH100 chip and clocks; the H200
+// differs in memory). NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), table
+// "NVIDIA H100 SXM5": FP16 and BF16 Tensor 989.4 TFLOPS, TF32 Tensor 494.7 TFLOPS (twice that
+// with sparsity), FP32 66.9 TFLOPS. The H200 datasheet
+// (https://www.nvidia.com/en-us/data-center/h200/) lists the sparse figures: BF16/FP16
+// 1,979 TFLOPS, TF32 989 TFLOPS, and FP32 67 TFLOPS. PCIe and NVL boards run lower clocks and
+// power, so they are not matched here.
+double peak_flops_per_s(const std::string& device_name, Precision precision, bool fp32_as_tf32) {
+  const bool hopper_sxm = (device_name.find("H100") != std::string::npos ||
+                           device_name.find("H200") != std::string::npos) &&
+                          device_name.find("GH200") == std::string::npos &&
+                          device_name.find("PCIe") == std::string::npos &&
+                          device_name.find("NVL") == std::string::npos;
+  if (!hopper_sxm) return 0.0;
+  switch (precision) {
+    case Precision::kBf16:
+    case Precision::kFp16:
+      return 989.4e12;
+    case Precision::kFp32:
+      return fp32_as_tf32 ? 494.7e12 : 66.9e12;
+  }
+  return 0.0;
+}
+
+double model_flops_utilization(double training_flops_per_sample, double samples_per_s,
+                               int num_gpus, double peak_flops_per_s_per_gpu) {
+  if (peak_flops_per_s_per_gpu <= 0.0 || num_gpus <= 0) return 0.0;
+  return training_flops_per_sample * samples_per_s / (num_gpus * peak_flops_per_s_per_gpu);
+}
+
+}  // namespace hpc_train

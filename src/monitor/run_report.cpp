@@ -1,0 +1,176 @@
+#include "hpc_train/monitor/run_report.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+
+#include "hpc_train/runtime/stop_signal.h"
+
+namespace hpc_train {
+
+nlohmann::json TrainSummary::to_json() const {
+  return {{"world_size", world_size},
+          {"model", model},
+          {"parameters", parameters},
+          {"zero_stage", zero_stage},
+          {"precision", precision},
+          {"placement", placement},
+          {"epochs_completed", epochs_completed},
+          {"steps", steps},
+          {"global_batch", global_batch},
+          {"final_train_loss", final_train_loss},
+          {"test_loss", test.loss},
+          {"test_accuracy", test.accuracy},
+          {"test_correct", test.correct},
+          {"test_samples", test.samples},
+          {"wall_s", wall_s},
+          {"samples_per_s", samples_per_s},
+          {"ms_per_step", ms_per_step},
+          {"skipped_steps", skipped_steps},
+          {"graph_replays", graph_replays},
+          {"loss_scale", loss_scale},
+          {"parameter_bytes_per_rank", memory.parameters},
+          {"gradient_bytes_per_rank", memory.gradients},
+          {"optimizer_state_bytes_per_rank", memory.optimizer_state},
+          {"training_flops_per_sample", training_flops_per_sample},
+          {"mfu", mfu},
+          {"peak_allocated_bytes_per_rank", peak_allocated_bytes_per_rank},
+          {"resumed_from", resumed_from},
+          {"last_checkpoint", last_checkpoint},
+          {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
+          {"step_breakdown", breakdown.to_json()}};
+}
+
+nlohmann::json StepBreakdown::to_json() const {
+  return {{"phase_timed_steps", phase_timed_steps},
+          {"data_wait_ms", data_wait_ms},   {"forward_ms", forward_ms},
+          {"backward_ms", backward_ms},     {"comm_wait_ms", comm_wait_ms},
+          {"optimizer_ms", optimizer_ms},   {"comm_bytes_per_step", comm_bytes_per_step},
+          {"busbw_gb_s", busbw_gb_s}};
+}
+
+void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print) {
+  const StepBreakdown& b = r.breakdown;
+  nlohmann::json record = {{"kind", "train"},
+                           {"epoch", r.epoch + 1},
+                           {"step", r.global_step},
+                           {"step_in_epoch", r.step_in_epoch + 1},
+                           {"loss", r.loss},
+                           {"lr", r.lr},
+                           {"samples_per_s", r.samples_per_s},
+                           {"ms_per_step", r.ms_per_step},
+                           {"buckets", r.buckets},
+                           {"loss_scale", r.loss_scale},
+                           {"skipped_steps", r.skipped_steps},
+                           {"parameter_bytes", r.memory.parameters},
+                           {"gradient_bytes", r.memory.gradients},
+                           {"optimizer_state_bytes", r.memory.optimizer_state}};
+  record.update(b.to_json());
+  if (r.gpu) record.update(r.gpu->to_json());
+  metrics.write(record);
+  if (print) {
+    std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step ",
+                r.epoch + 1, r.epochs, static_cast<long long>(r.step_in_epoch + 1),
+                static_cast<long long>(r.steps_per_epoch), r.loss, r.samples_per_s, r.ms_per_step);
+    if (b.phase_timed_steps > 0)
+      std::printf("(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
+                  b.forward_ms, b.backward_ms, b.comm_wait_ms, b.optimizer_ms,
+                  b.comm_bytes_per_step / 1e6, b.busbw_gb_s);
+    else
+      std::printf("(CUDA graph replays; data wait %.2f)", b.data_wait_ms);
+    if (r.show_loss_scale)
+      std::printf(", loss scale %g, skipped %lld", r.loss_scale,
+                  static_cast<long long>(r.skipped_steps));
+    if (r.gpu && r.gpu->measured) std::printf("; %s", r.gpu->describe().c_str());
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                        double loss) {
+  constexpr int kBarWidth = 30;
+  const int filled = static_cast<int>(kBarWidth * (step_in_epoch + 1) / steps_per_epoch);
+  std::string bar(filled, '#');
+  bar.resize(kBarWidth, '.');
+  std::printf("\rEpoch [%d/%d] [%s] %lld/%lld Loss: %.4f", epoch + 1, epochs, bar.c_str(),
+              static_cast<long long>(step_in_epoch + 1), static_cast<long long>(steps_per_epoch),
+              loss);
+  std::fflush(stdout);
+}
+
+RunReporter::RunReporter(const TrainerOutput& output, int rank)
+    : printing_(output.print && rank == 0), progress_bar_(output.progress_bar) {
+  if (rank == 0 && !output.run_dir.empty()) metrics_ = JsonlWriter(output.run_dir + "/metrics.jsonl");
+}
+
+void RunReporter::say(const char* format, ...) {
+  if (!printing_) return;
+  va_list arguments;
+  va_start(arguments, format);
+  std::vprintf(format, arguments);
+  va_end(arguments);
+  std::fflush(stdout);
+}
+
+void RunReporter::run_start(const RunStart& s) {
+  say("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s) (rank 0: %s): %lld samples, "
+      "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n"
+      "Per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB; "
+      "%zu gradient buckets\n",
+      s.model.c_str(), static_cast<long long>(s.parameters), s.precision.c_str(), s.zero_stage,
+      s.world_size, s.placement.c_str(), static_cast<long long>(s.train_samples),
+      static_cast<long long>(s.steps_per_epoch),
+      static_cast<long long>(int64_t{s.micro_batch} * s.grad_accum * s.world_size), s.micro_batch,
+      s.grad_accum, s.world_size, s.memory.parameters / 1e6, s.memory.gradients / 1e6,
+      s.memory.optimizer_state / 1e6, s.buckets);
+}
+
+void RunReporter::interval(const IntervalReport& report) {
+  report_interval(report, metrics_, printing_ && !progress_bar_);
+}
+
+void RunReporter::progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                           double loss) {
+  if (printing_ && progress_bar_)
+    print_progress_bar(epoch, epochs, step_in_epoch, steps_per_epoch, loss);
+}
+
+void RunReporter::end_progress() {
+  if (printing_ && progress_bar_) std::printf("\n");
+}
+
+void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
+                             const std::string& path, double write_s) {
+  metrics_.write({{"kind", "checkpoint"},
+                  {"step", position.global_step},
+                  {"epoch", position.epoch + 1},
+                  {"why", why},
+                  {"path", path},
+                  {"write_s", write_s}});
+  // A bar being drawn is ended first.
+  say("%sCheckpoint (%s) after step %lld: %s in %.2f s\n", progress_bar_ ? "\n" : "", why,
+      static_cast<long long>(position.global_step), path.c_str(), write_s);
+}
+
+void RunReporter::epoch(const EpochReport& r) {
+  metrics_.write({{"kind", "epoch"},
+                  {"epoch", r.epoch + 1},
+                  {"complete", r.complete},
+                  {"steps", r.global_step},
+                  {"train_loss", r.train_loss},
+                  {"test_loss", r.test.loss},
+                  {"test_accuracy", r.test.accuracy},
+                  {"epoch_train_s", r.train_s},
+                  {"epoch_s", r.wall_s},
+                  {"loader_wait_s", r.loader_wait_s},
+                  {"skipped_steps", r.skipped_steps},
+                  {"loss_scale", r.loss_scale}});
+  say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
+      "(%lld/%lld)\n",
+      r.epoch + 1, r.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s, r.train_loss,
+      r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
+      static_cast<long long>(r.test.samples));
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,401 @@
+// The fused optimizer kernels (fused_optimizer.h).
+//
+// Work layout: every kernel but the one-thread bookkeeping runs a fixed grid (fused_grid_blocks)
+// of kThreads threads that walks the segments one after another, each with a grid-stride loop,
+// so thread t takes the same elements of a segment in every step. Within a segment, elements
+// move kVectorElements at a time (16-byte fp32 and 8-byte fp16/bf16 accesses) when all of the
+// segment's arrays share one misalignment, after a scalar head that aligns them; otherwise (a
+// partition slice can start at any element) the segment goes element by element.
+//
+// Note [Fused sum of squares in fp64]
+// Squares are accumulated in fp64: the square of any fp32/fp16/bf16 value is exact in fp64 and
+// cannot overflow (in fp32, a finite bf16 or fp32 gradient above ~1.8e19 would square to inf and
+// fake an overflow), and the sum over 1e8 elements keeps ~1e-9 relative precision instead of
+// fp32's ~1e-4, so the norm, and so the clip coefficient, does not depend on the stage or the
+// world size. An inf or nan gradient makes its square inf or nan, and the sum with it. The
+// kernel is memory-bound: the fp64 adds cost nothing measurable on Hopper. Blocks write partial
+// sums and one block adds them in a fixed order: no atomics, so the same inputs give the same bits.
+#include "hpc_train/optim/fused_optimizer.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "hpc_train/runtime/cuda_check.h"
+#include "hpc_train/error.h"
+
+namespace hpc_train {
+namespace {
+
+constexpr int kThreads = 256;        // per block
+constexpr int kWarpSize = 32;
+constexpr int kVectorElements = 4;   // per vector access
+constexpr int kBlocksPerSm = 8;      // 8 x 256 = 2048 resident threads, an SM's maximum
+
+template <typename T>
+struct alignas(sizeof(T) * kVectorElements) Vector {
+  T element[kVectorElements];
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Round to nearest even, as LibTorch's casts.
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// How many elements `p` lies past a vector boundary.
+template <typename T>
+__device__ __forceinline__ int64_t misalignment(const T* p) {
+  return static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) / sizeof(T)) % kVectorElements);
+}
+
+// Elements before the first vector boundary, given the misalignment.
+__device__ __forceinline__ int64_t head_elements(int64_t numel, int64_t misaligned_by) {
+  return min(numel, (kVectorElements - misaligned_by) % kVectorElements);
+}
+
+__device__ __forceinline__ int64_t first_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t thread_count() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// The block's sum, valid in thread 0; every thread of the block must call it. Fixed order.
+__device__ double block_sum(double value) {
+  __shared__ double warp_sums[kThreads / kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  value = 0.0;
+  if (warp == 0) {
+    if (lane < kThreads / kWarpSize) value = warp_sums[lane];
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+      value += __shfl_down_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
+template <typename T>
+__device__ __forceinline__ double squared(T x) {
+  const double d = to_float(x);
+  return d * d;
+}
+
+// Note [Fused sum of squares in fp64]
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    grad_sum_of_squares_kernel(const T* __restrict__ grads,
+                               const FusedSegment* __restrict__ segments, int num_segments,
+                               double* __restrict__ block_partials) {
+  const int64_t thread = first_thread();
+  const int64_t threads = thread_count();
+  double sum = 0.0;
+  for (int s = 0; s < num_segments; ++s) {
+    const FusedSegment segment = segments[s];
+    const T* g = grads + segment.grad_offset;
+    const int64_t head = head_elements(segment.numel, misalignment(g));
+    const int64_t vectors = (segment.numel - head) / kVectorElements;
+    const int64_t tail = head + vectors * kVectorElements;
+    if (thread < head) sum += squared(g[thread]);
+    const Vector<T>* body = reinterpret_cast<const Vector<T>*>(g + head);
+    for (int64_t i = thread; i < vectors; i += threads) {
+      const Vector<T> v = body[i];
+#pragma unroll
+      for (int k = 0; k < kVectorElements; ++k) sum += squared(v.element[k]);
+    }
+    if (tail + thread < segment.numel) sum += squared(g[tail + thread]);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) block_partials[blockIdx.x] = sum;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    finish_sum_of_squares_kernel(const double* __restrict__ block_partials, int num_partials,
+                                 double* __restrict__ sum_of_squares) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < num_partials; i += kThreads) sum += block_partials[i];
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) *sum_of_squares = sum;
+}
+
+// LossScaler::update, on the device (Note [Device loss scaler]).
+__device__ void update_loss_scale(FusedStepState& state, bool overflow,
+                                  const FusedStepOptions& options) {
+  if (options.loss_scaling == FusedLossScaling::kNone) return;
+  if (options.loss_scaling == FusedLossScaling::kFixed) {
+    ++state.scaler_steps;
+    if (overflow) ++state.scaler_skipped_steps;
+    return;
+  }
+  if (overflow) {
+    if (state.hysteresis_left <= 1) {
+      if (state.loss_scale == options.min_scale) {
+        state.scaler_failed = 1;  // where LossScaler::update throws, before changing anything
+        return;
+      }
+      state.loss_scale = fmax(state.loss_scale / 2, options.min_scale);
+    } else {
+      --state.hysteresis_left;
+    }
+    state.last_overflow_step = state.scaler_steps;
+    ++state.scaler_skipped_steps;
+  } else if ((state.scaler_steps - state.last_overflow_step) % options.scale_window == 0) {
+    // Note [Loss scale window]
+    state.hysteresis_left = options.hysteresis;
+    state.loss_scale *= 2;
+  }
+  ++state.scaler_steps;
+}
+
+// ZeroOptimizer::step's decisions, in the same order and in fp64 as there; the update scalars
+// are rounded to fp32 once, as ATen rounds adam_update's double scalars for fp32 tensors.
+__global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_squares,
+                                        double sum_of_squares_copies,
+                                        FusedStepOptions options, FusedHostInputs host_inputs,
+                                        bool from_host, FusedStepState* __restrict__ state_out,
+                                        float* __restrict__ loss_scale_out) {
+  FusedStepState state = *state_out;
+  const double squares = *sum_of_squares / sum_of_squares_copies;
+  const double loss_scale = from_host ? host_inputs.loss_scale : state.loss_scale;
+  // Note [Schedule step]: the schedule advances with the applied steps only.
+  state.lr = from_host ? host_inputs.lr : lr_at(options.lr_schedule, state.adam_steps);
+  const bool overflow = options.check_overflow && !isfinite(squares);
+  state.found_inf = overflow ? 1 : 0;
+  state.grad_norm = 0.0;
+  if (!overflow) {
+    state.grad_norm = sqrt(squares) / loss_scale;
+    double multiplier = 1.0 / loss_scale;
+    if (options.clip_grad > 0.0) {
+      // torch.nn.utils.clip_grad_norm_'s rule.
+      const double clip_coefficient = options.clip_grad / (state.grad_norm + 1e-6);
+      if (clip_coefficient < 1.0) multiplier *= clip_coefficient;
+    }
+    ++state.adam_steps;
+    const double bias_correction1 = 1.0 - pow(options.beta1, static_cast<double>(state.adam_steps));
+    const double bias_correction2 = 1.0 - pow(options.beta2, static_cast<double>(state.adam_steps));
+    state.grad_multiplier = static_cast<float>(multiplier);
+    state.decay_factor = static_cast<float>(1.0 - state.lr * options.weight_decay);
+    state.step_size = static_cast<float>(-state.lr / bias_correction1);
+    state.sqrt_bias_correction2 = static_cast<float>(sqrt(bias_correction2));
+  }
+  if (!from_host) update_loss_scale(state, overflow, options);
+  ++state.global_step;
+  *state_out = state;
+  *loss_scale_out = static_cast<float>(state.loss_scale);
+}
+
+// adam_update's hyper-parameters as its ATen operations on fp32 tensors see them.
+struct AdamConstants {
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float eps;
+  float weight_decay;
+  bool decoupled;
+  bool has_weight_decay;
+};
+
+struct StepScalars {
+  float grad_multiplier;
+  float decay_factor;
+  float step_size;
+  float sqrt_bias_correction2;
+};
+
+// One element of ZeroOptimizer::step + adam_update, operation for operation:
+//   grads.mul_(multiplier); p.mul_(1 - lr wd) | g = g.add(p, wd);
+//   m.mul_(b1).add_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2);
+//   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr / bc1)
+__device__ __forceinline__ void adam_element(float grad, float& weight, float& exp_avg,
+                                             float& exp_avg_sq, const StepScalars& s,
+                                             const AdamConstants& c) {
+  float g = grad * s.grad_multiplier;
+  if (c.has_weight_decay) {
+    if (c.decoupled) weight = weight * s.decay_factor;
+    else g = g + c.weight_decay * weight;
+  }
+  exp_avg = exp_avg * c.beta1 + c.one_minus_beta1 * g;
+  exp_avg_sq = exp_avg_sq * c.beta2 + c.one_minus_beta2 * g * g;
+  const float denom = sqrtf(exp_avg_sq) / s.sqrt_bias_correction2 + c.eps;
+  weight = weight + s.step_size * exp_avg / denom;
+}
+
+template <typename T>
+struct UpdateArguments {
+  const T* grads;
+  T* params;
+  float* master;  // nullptr: T is float and the parameters are the master weights
+  float* exp_avg;
+  float* exp_avg_sq;
+  const FusedSegment* segments;
+  int num_segments;
+  const FusedStepState* state;
+  AdamConstants constants;
+};
+
+// No __restrict__ on the written arrays: with an fp32 model the weights are the parameters.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<T> a) {
+  if (a.state->found_inf) return;  // the same for every thread: the whole step is skipped
+  const StepScalars s{a.state->grad_multiplier, a.state->decay_factor, a.state->step_size,
+                      a.state->sqrt_bias_correction2};
+  const AdamConstants c = a.constants;
+  const bool separate_master = a.master != nullptr;
+  const int64_t thread = first_thread();
+  const int64_t threads = thread_count();
+  for (int seg = 0; seg < a.num_segments; ++seg) {
+    const FusedSegment segment = a.segments[seg];
+    const T* g = a.grads + segment.grad_offset;
+    T* p = a.params + segment.param_offset;
+    float* w;
+    if constexpr (std::is_same<T, float>::value)
+      w = separate_master ? a.master + segment.master_offset : p;
+    else
+      w = a.master + segment.master_offset;
+    float* m = a.exp_avg + segment.master_offset;
+    float* v = a.exp_avg_sq + segment.master_offset;
+
+    auto update_one = [&](int64_t i) {
+      float weight = w[i], first = m[i], second = v[i];
+      adam_element(to_float(g[i]), weight, first, second, s, c);
+      w[i] = weight;
+      m[i] = first;
+      v[i] = second;
+      if (separate_master) p[i] = from_float<T>(weight);
+    };
+
+    const int64_t misaligned_by = misalignment(g);
+    const bool vectorised = misalignment(p) == misaligned_by && misalignment(w) == misaligned_by &&
+                            misalignment(m) == misaligned_by && misalignment(v) == misaligned_by;
+    // Not vectorised: the whole segment is "head", element by element.
+    const int64_t head = vectorised ? head_elements(segment.numel, misaligned_by) : segment.numel;
+    for (int64_t i = thread; i < head; i += threads) update_one(i);
+    if (!vectorised) continue;
+    const int64_t vectors = (segment.numel - head) / kVectorElements;
+    for (int64_t j = thread; j < vectors; j += threads) {
+      const int64_t i = head + j * kVectorElements;
+      const Vector<T> gv = *reinterpret_cast<const Vector<T>*>(g + i);
+      Vector<float> wv = *reinterpret_cast<const Vector<float>*>(w + i);
+      Vector<float> mv = *reinterpret_cast<const Vector<float>*>(m + i);
+      Vector<float> vv = *reinterpret_cast<const Vector<float>*>(v + i);
+#pragma unroll
+      for (int k = 0; k < kVectorElements; ++k)
+        adam_element(to_float(gv.element[k]), wv.element[k], mv.element[k], vv.element[k], s, c);
+      *reinterpret_cast<Vector<float>*>(w + i) = wv;
+      *reinterpret_cast<Vector<float>*>(m + i) = mv;
+      *reinterpret_cast<Vector<float>*>(v + i) = vv;
+      if (separate_master) {
+        Vector<T> pv;
+#pragma unroll
+        for (int k = 0; k < kVectorElements; ++k) pv.element[k] = from_float<T>(wv.element[k]);
+        *reinterpret_cast<Vector<T>*>(p + i) = pv;
+      }
+    }
+    for (int64_t i = head + vectors * kVectorElements + thread; i < segment.numel; i += threads)
+      update_one(i);
+  }
+}
+
+// Calls f(T{}) with the C++ type of `dtype`.
+template <typename F>
+void with_element_type(FusedDtype dtype, F&& f) {
+  switch (dtype) {
+    case FusedDtype::kFloat32: f(float{}); return;
+    case FusedDtype::kFloat16: f(__half{}); return;
+    case FusedDtype::kBFloat16: f(__nv_bfloat16{}); return;
+  }
+  throw Error("fused optimizer: unknown model dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+void check_grid(int num_segments, int grid_blocks, const char* what) {
+  if (num_segments < 1 || grid_blocks < 1)
+    throw Error(std::string("fused optimizer: ") + what + " needs at least one segment and one "
+                "block (got " + std::to_string(num_segments) + " and " +
+                std::to_string(grid_blocks) + ")");
+}
+
+}  // namespace
+
+int fused_grid_blocks(int64_t partition_numel) {
+  int device = 0;
+  int sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kVectorElements;
+  const int64_t wanted = (partition_numel + per_block - 1) / per_block;
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, static_cast<int64_t>(sms) * kBlocksPerSm));
+}
+
+void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const FusedSegment* segments,
+                                int num_segments, int grid_blocks, double* block_partials,
+                                double* sum_of_squares, cudaStream_t stream) {
+  check_grid(num_segments, grid_blocks, "the sum of squares");
+  with_element_type(dtype, [&](auto element) {
+    using T = decltype(element);
+    grad_sum_of_squares_kernel<T><<<grid_blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(grads), segments, num_segments, block_partials);
+  });
+  CUDA_CHECK(cudaGetLastError());
+  finish_sum_of_squares_kernel<<<1, kThreads, 0, stream>>>(block_partials, grid_blocks,
+                                                           sum_of_squares);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares_copies,
+                             const FusedStepOptions& options, const FusedHostInputs* host_inputs,
+                             FusedStepState* state, float* loss_scale_out, cudaStream_t stream) {
+  if (options.loss_scaling == FusedLossScaling::kDynamic && options.scale_window < 1)
+    throw Error("fused optimizer: a dynamic loss scale needs a window of at least 1 step");
+  step_bookkeeping_kernel<<<1, 1, 0, stream>>>(
+      sum_of_squares, sum_of_squares_copies, options,
+      host_inputs ? *host_inputs : FusedHostInputs{}, host_inputs != nullptr, state,
+      loss_scale_out);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_adam_update(const void* grads, void* params, FusedDtype dtype, float* master,
+                        float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
+                        int num_segments, int grid_blocks, const FusedStepState* state,
+                        const FusedStepOptions& options, cudaStream_t stream) {
+  check_grid(num_segments, grid_blocks, "the Adam update");
+  if ((master == nullptr) != (dtype == FusedDtype::kFloat32))
+    throw Error("fused optimizer: fp16/bf16 parameters need fp32 master weights, and fp32 "
+                "parameters are their own");
+  const AdamConstants constants{static_cast<float>(options.beta1),
+                                static_cast<float>(1.0 - options.beta1),
+                                static_cast<float>(options.beta2),
+                                static_cast<float>(1.0 - options.beta2),
+                                static_cast<float>(options.eps),
+                                static_cast<float>(options.weight_decay),
+                                options.decoupled_weight_decay,
+                                options.weight_decay != 0.0};
+  with_element_type(dtype, [&](auto element) {
+    using T = decltype(element);
+    const UpdateArguments<T> arguments{static_cast<const T*>(grads), static_cast<T*>(params),
+                                       master, exp_avg, exp_avg_sq, segments, num_segments,
+                                       state, constants};
+    adam_update_kernel<T><<<grid_blocks, kThreads, 0, stream>>>(arguments);
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace hpc_train

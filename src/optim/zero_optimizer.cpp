@@ -1,0 +1,257 @@
+#include "hpc_train/optim/zero_optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpc_train/error.h"
+#include "hpc_train/monitor/metrics.h"
+
+namespace hpc_train {
+
+namespace {
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+void ZeroOptimizer::no_gpu(const char* method) {
+  throw Error(std::string("ZeroOptimizer::") + method +
+              ": the parameters are on the CPU; the device step needs them on a GPU (a build "
+              "with CUDA); on the CPU use step()");
+}
+
+ZeroOptimizer::ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicator& comm,
+                             ZeroOptions options)
+    : flat_(flat), reducer_(reducer), comm_(comm), options_(options) {
+  if (options_.stage < 0 || options_.stage > 2)
+    throw ConfigError("--zero-stage " + std::to_string(options_.stage) + ": use 0, 1 or 2");
+  if (options_.loss_scaling && !options_.check_overflow)
+    throw ConfigError("ZeroOptions: fp16 loss scaling needs check_overflow, so that an "
+                      "overflowed step is skipped");
+  if (on_device()) create_device_buffers();
+  else if (options_.loss_scaling) host_scaler_.emplace(*options_.loss_scaling);
+  FullOptimizerState initial;
+  initial.master = flat_.to_logical(flat_.values()).to(at::kFloat);
+  initial.exp_avg = at::zeros_like(initial.master);
+  initial.exp_avg_sq = at::zeros_like(initial.master);
+  load_full_state(initial);
+}
+
+bool ZeroOptimizer::separate_master() const {
+  return flat_.values().scalar_type() != at::kFloat;
+}
+
+at::Tensor ZeroOptimizer::own_slice(const at::Tensor& flat, size_t b) const {
+  const BucketLayout::Span& span = flat_.layout().spans[b];
+  return flat.narrow(0, span.offset + comm_.rank() * span.slice_numel, span.slice_numel);
+}
+
+at::Tensor ZeroOptimizer::partition_slice(const at::Tensor& partition, size_t b) const {
+  const BucketLayout::Span& span = flat_.layout().spans[b];
+  return partition.narrow(0, span.partition_offset, span.slice_numel);
+}
+
+at::Tensor ZeroOptimizer::gradient_partition() {
+  if (options_.stage == 0) return flat_.grads().to(at::kFloat);
+  if (options_.stage == 2) return reducer_.partition_grads().to(at::kFloat);
+  std::vector<at::Tensor> slices;
+  for (size_t b = 0; b < flat_.layout().spans.size(); ++b)
+    slices.push_back(own_slice(flat_.grads(), b));
+  return at::cat(slices).to(at::kFloat);
+}
+
+at::Tensor ZeroOptimizer::scale_loss(const at::Tensor& loss, double averaging) const {
+  if (on_device() && options_.loss_scaling) return loss * (loss_scale_ * averaging);
+  return loss * ((host_scaler_ ? host_scaler_->scale() : 1.0) * averaging);
+}
+
+void ZeroOptimizer::step() {
+  if (on_device()) {
+    step_on_device();
+  } else {
+    // Note [Schedule step]: the schedule is evaluated at the steps applied so far.
+    const LrScheduleParams schedule = options_.lr_schedule.value_or(
+        LrScheduleParams{LrScheduleKind::kConstant, WarmupType::kLinear, options_.adam.lr});
+    host_last_lr_ = lr_at(schedule, steps_);
+    host_last_outcome_ = step(host_last_lr_, host_scaler_ ? host_scaler_->scale() : 1.0);
+    ++host_global_step_;
+    if (host_scaler_) host_scaler_->update(host_last_outcome_.overflow);
+  }
+  flat_.zero_grads();
+}
+
+StepReport ZeroOptimizer::report() const {
+  if (on_device()) return read_device_report();
+  StepReport report;
+  report.global_step = host_global_step_;
+  report.adam_steps = steps_;
+  report.skipped_steps = host_global_step_ - steps_;
+  report.loss_scale = host_scaler_ ? host_scaler_->scale() : 1.0;
+  report.last_grad_norm = host_last_outcome_.grad_norm;
+  report.last_lr = host_last_lr_;
+  report.last_overflow = host_last_outcome_.overflow;
+  if (host_scaler_) report.scaler = host_scaler_->state();
+  return report;
+}
+
+void ZeroOptimizer::resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler) {
+  if (on_device()) {
+    load_device_state(global_step, adam_steps, scaler);
+    return;
+  }
+  host_global_step_ = global_step;
+  steps_ = adam_steps;
+  if (host_scaler_) host_scaler_->restore(scaler);
+}
+
+int64_t ZeroOptimizer::steps_taken() const {
+  return on_device() ? read_device_report().adam_steps : steps_;
+}
+
+double ZeroOptimizer::all_gather_parameters() {
+  // With one rank, its slices are the whole buckets already.
+  if (!partitioned() || comm_.size() == 1) return 0.0;
+  const Stopwatch gather;
+  std::vector<Work> gathers;
+  for (size_t b = 0; b < flat_.layout().spans.size(); ++b) {
+    at::Tensor bucket = flat_.bucket_view(flat_.values(), b);
+    gathers.push_back(comm_.all_gather_in_place(bucket));
+  }
+  for (Work& work : gathers) work.wait();
+  return gather.elapsed_ms();
+}
+
+void ZeroOptimizer::set_lr_schedule(const LrScheduleParams& schedule) {
+  options_.lr_schedule = schedule;
+}
+
+void ZeroOptimizer::step_on_device() {
+  if (!on_device()) no_gpu("step_on_device");
+  enqueue_device_step(nullptr);
+  all_gather_parameters();
+}
+
+StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
+  StepOutcome outcome;
+  if (on_device()) {
+    // The fused kernels with the host's inputs; an overflowed step changes nothing, so its
+    // all-gather hands every rank what it holds already.
+    const HostStepInputs host{lr, loss_scale};
+    enqueue_device_step(&host);
+    outcome.gather_ms = all_gather_parameters();
+    const StepReport report = read_device_report();
+    outcome.overflow = report.last_overflow;
+    outcome.grad_norm = report.last_grad_norm;
+    return outcome;
+  }
+  at::Tensor grads = gradient_partition();
+  // The global norm: partitions are disjoint, so their squared norms add up. In stage 0 every
+  // rank holds the whole reduced gradient. An inf or nan anywhere makes the sum inf or nan.
+  const double local_norm = grads.norm().item<double>();
+  double squared = local_norm * local_norm;
+  if (partitioned()) squared = comm_.all_reduce_scalar(squared);
+  if (options_.check_overflow) {
+    // Agreed explicitly: every rank must skip the same steps.
+    const int64_t local_overflow = std::isfinite(squared) ? 0 : 1;
+    outcome.overflow = comm_.all_reduce_count(local_overflow, ReduceOp::kMax) != 0;
+    if (outcome.overflow) return outcome;
+  }
+  outcome.grad_norm = std::sqrt(squared) / loss_scale;
+  double multiplier = 1.0 / loss_scale;
+  if (options_.clip_grad > 0.0) {
+    // torch.nn.utils.clip_grad_norm_'s rule.
+    const double clip_coefficient = options_.clip_grad / (outcome.grad_norm + 1e-6);
+    if (clip_coefficient < 1.0) multiplier *= clip_coefficient;
+  }
+  if (multiplier != 1.0) grads.mul_(multiplier);
+  ++steps_;
+
+  if (!partitioned()) {
+    at::Tensor target = master_.defined() ? master_ : flat_.values();
+    adam_update(target, grads, exp_avg_, exp_avg_sq_, steps_, lr, options_.adam);
+    if (master_.defined()) flat_.values().copy_(master_);
+    return outcome;
+  }
+  const size_t buckets = flat_.layout().spans.size();
+  for (size_t b = 0; b < buckets; ++b) {
+    at::Tensor target = master_.defined() ? partition_slice(master_, b) : own_slice(flat_.values(), b);
+    adam_update(target, partition_slice(grads, b), partition_slice(exp_avg_, b),
+                partition_slice(exp_avg_sq_, b), steps_, lr, options_.adam);
+    if (master_.defined()) own_slice(flat_.values(), b).copy_(target);
+  }
+  outcome.gather_ms = all_gather_parameters();
+  return outcome;
+}
+
+int64_t ZeroOptimizer::state_bytes() const {
+  return bytes_of(master_) + bytes_of(exp_avg_) + bytes_of(exp_avg_sq_);
+}
+
+at::Tensor ZeroOptimizer::assemble_full(const at::Tensor& partition) {
+  at::Tensor full = at::zeros({flat_.layout().total_numel}, partition.options());
+  const size_t buckets = flat_.layout().spans.size();
+  for (size_t b = 0; b < buckets; ++b) own_slice(full, b).copy_(partition_slice(partition, b));
+  std::vector<Work> gathers;
+  for (size_t b = 0; b < buckets; ++b) {
+    at::Tensor bucket = flat_.bucket_view(full, b);
+    gathers.push_back(comm_.all_gather_in_place(bucket));
+  }
+  for (Work& work : gathers) work.wait();
+  return full;
+}
+
+FullOptimizerState ZeroOptimizer::gather_full_state() {
+  FullOptimizerState state;
+  state.steps = steps_taken();
+  auto logical = [&](const at::Tensor& t) {
+    return flat_.to_logical(partitioned() ? assemble_full(t) : t);
+  };
+  state.master = master_.defined() ? logical(master_)
+                                   : flat_.to_logical(flat_.values()).to(at::kFloat);
+  state.exp_avg = logical(exp_avg_);
+  state.exp_avg_sq = logical(exp_avg_sq_);
+  return state;
+}
+
+void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
+  // A checkpoint's state may come from the host; the optimizer's lives with the parameters.
+  const at::Device device = flat_.values().device();
+  auto local = [&](const at::Tensor& logical) {
+    at::Tensor full = flat_.from_logical(logical.to(device, at::kFloat));
+    if (!partitioned()) return full;
+    std::vector<at::Tensor> slices;
+    for (size_t b = 0; b < flat_.layout().spans.size(); ++b) slices.push_back(own_slice(full, b));
+    return at::cat(slices);
+  };
+  steps_ = state.steps;
+  exp_avg_ = local(state.exp_avg);
+  exp_avg_sq_ = local(state.exp_avg_sq);
+  master_ = separate_master() ? local(state.master) : at::Tensor();
+  // The parameters follow the master weights (a no-op right after construction or re-layout).
+  flat_.values().copy_(flat_.from_logical(state.master).to(flat_.values().scalar_type()));
+  if (on_device()) {
+    prepare_device_layout();
+    const StepReport now = read_device_report();
+    load_device_state(now.global_step, state.steps, now.scaler);
+  }
+}
+
+bool ZeroOptimizer::rebuild_buckets() {
+  BucketLayout layout = reducer_.rebuilt_layout();
+  const BucketLayout& current = flat_.layout();
+  bool same = layout.buckets.size() == current.buckets.size();
+  for (size_t b = 0; same && b < layout.buckets.size(); ++b)
+    same = layout.buckets[b].parameters == current.buckets[b].parameters;
+  if (same) return false;
+  const FullOptimizerState state = gather_full_state();
+  flat_.relayout(std::move(layout));
+  reducer_.reset_buckets();
+  load_full_state(state);  // re-partitions for the new layout
+  return true;
+}
+
+}  // namespace hpc_train

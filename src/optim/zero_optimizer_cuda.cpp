@@ -1,0 +1,174 @@
+// The device path of ZeroOptimizer in a GPU build (zero_optimizer.h): its buffers on the
+// parameters' GPU, the segment table of this rank's partition, and one step as the fused kernels
+// of fused_optimizer.cu with the step state kept on the device. The CPU build's are in
+// zero_optimizer_cpu.cpp.
+#include "hpc_train/optim/zero_optimizer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hpc_train/error.h"
+#include "hpc_train/optim/fused_optimizer.h"
+
+namespace hpc_train {
+
+namespace {
+
+FusedDtype fused_dtype(const at::Tensor& values) {
+  switch (values.scalar_type()) {
+    case at::kFloat: return FusedDtype::kFloat32;
+    case at::kHalf: return FusedDtype::kFloat16;
+    case at::kBFloat16: return FusedDtype::kBFloat16;
+    default:
+      throw Error(std::string("fused optimizer: no kernels for parameters of ") +
+                  c10::toString(values.scalar_type()) + "; use fp32, fp16 or bf16");
+  }
+}
+
+FusedStepOptions fused_step_options(const ZeroOptions& zero) {
+  FusedStepOptions options;
+  options.beta1 = zero.adam.beta1;
+  options.beta2 = zero.adam.beta2;
+  options.eps = zero.adam.eps;
+  options.weight_decay = zero.adam.weight_decay;
+  options.decoupled_weight_decay = zero.adam.decoupled_weight_decay;
+  options.clip_grad = zero.clip_grad;
+  options.check_overflow = zero.check_overflow;
+  if (zero.lr_schedule) {
+    options.lr_schedule = *zero.lr_schedule;
+  } else {
+    options.lr_schedule.kind = LrScheduleKind::kConstant;
+    options.lr_schedule.lr = zero.adam.lr;
+  }
+  if (zero.loss_scaling) {
+    const LossScalerOptions& scaling = *zero.loss_scaling;
+    options.loss_scaling =
+        scaling.fixed_scale > 0 ? FusedLossScaling::kFixed : FusedLossScaling::kDynamic;
+    options.scale_window = scaling.scale_window;
+    options.hysteresis = scaling.hysteresis;
+    options.min_scale = scaling.min_scale;
+  }
+  return options;
+}
+
+FusedStepState read_step_state(const at::Tensor& device_state) {
+  const at::Tensor bytes = device_state.cpu();  // waits for the current stream
+  FusedStepState state;
+  std::memcpy(&state, bytes.data_ptr(), sizeof state);
+  return state;
+}
+
+void write_step_state(at::Tensor& device_state, const FusedStepState& state) {
+  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof state)}, at::kByte);
+  std::memcpy(bytes.data_ptr(), &state, sizeof state);
+  device_state.copy_(bytes);
+}
+
+}  // namespace
+
+void ZeroOptimizer::create_device_buffers() {
+  const at::Device device = flat_.values().device();
+  const at::TensorOptions on_gpu = at::TensorOptions().device(device);
+  device_state_ = at::zeros({static_cast<int64_t>(sizeof(FusedStepState))}, on_gpu.dtype(at::kByte));
+  loss_scale_ = at::ones({1}, on_gpu.dtype(at::kFloat));
+  sum_of_squares_ = at::zeros({1}, on_gpu.dtype(at::kDouble));
+  // LossScaler checks the options and knows the initial state.
+  const LossScalerState scaler =
+      options_.loss_scaling ? LossScaler(*options_.loss_scaling).state() : LossScalerState{};
+  load_device_state(0, 0, scaler);
+}
+
+void ZeroOptimizer::prepare_device_layout() {
+  const c10::cuda::CUDAGuard guard(flat_.values().device());
+  const BucketLayout& layout = flat_.layout();
+  std::vector<FusedSegment> segments;
+  if (!partitioned()) {
+    segments.push_back({layout.total_numel, 0, 0, 0});
+  } else {
+    for (const BucketLayout::Span& span : layout.spans) {
+      if (span.slice_numel == 0) continue;
+      const int64_t own = span.offset + comm_.rank() * span.slice_numel;  // as own_slice
+      // Stage 2's gradients are the reducer's partition, laid out as the moments are.
+      const int64_t grad_offset = options_.stage == 2 ? span.partition_offset : own;
+      segments.push_back({span.slice_numel, grad_offset, span.partition_offset, own});
+    }
+  }
+  int64_t partition_numel = 0;
+  for (const FusedSegment& segment : segments) partition_numel += segment.numel;
+  at::Tensor table = at::empty({static_cast<int64_t>(segments.size()), 4}, at::kLong);
+  std::memcpy(table.data_ptr(), segments.data(), segments.size() * sizeof(FusedSegment));
+  segments_ = table.to(flat_.values().device());
+  device_grid_blocks_ = fused_grid_blocks(partition_numel);
+  block_partials_ = at::empty({device_grid_blocks_},
+                              at::TensorOptions().dtype(at::kDouble).device(flat_.values().device()));
+}
+
+void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
+  const c10::cuda::CUDAGuard guard(flat_.values().device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const FusedDtype dtype = fused_dtype(flat_.values());
+  at::Tensor& grads = options_.stage == 2 ? reducer_.partition_grads() : flat_.grads();
+  const auto* segments = reinterpret_cast<const FusedSegment*>(segments_.data_ptr<int64_t>());
+  const int num_segments = static_cast<int>(segments_.size(0));
+  launch_grad_sum_of_squares(grads.data_ptr(), dtype, segments, num_segments, device_grid_blocks_,
+                             block_partials_.data_ptr<double>(),
+                             sum_of_squares_.data_ptr<double>(), stream);
+  // As in step(): partitions are disjoint, so their squared norms add up; in stage 0 every rank
+  // holds the whole reduced gradient, and fp16 reduces only so that every rank skips the same
+  // steps; the bookkeeping divides those identical copies out again.
+  double sum_of_squares_copies = 1.0;
+  if (comm_.size() > 1 && (partitioned() || options_.check_overflow)) {
+    comm_.all_reduce(sum_of_squares_).wait();  // NCCL: the stream waits, not the host
+    if (!partitioned()) sum_of_squares_copies = comm_.size();
+  }
+  const FusedStepOptions options = fused_step_options(options_);
+  FusedHostInputs host;
+  if (host_inputs) host = {host_inputs->lr, host_inputs->loss_scale};
+  auto* state = reinterpret_cast<FusedStepState*>(device_state_.data_ptr());
+  launch_step_bookkeeping(sum_of_squares_.data_ptr<double>(), sum_of_squares_copies,
+                          options, host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
+                          stream);
+  launch_adam_update(grads.data_ptr(), flat_.values().data_ptr(), dtype,
+                     master_.defined() ? master_.data_ptr<float>() : nullptr,
+                     exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), segments,
+                     num_segments, device_grid_blocks_, state, options, stream);
+}
+
+StepReport ZeroOptimizer::read_device_report() const {
+  if (!on_device()) no_gpu("read_device_report");
+  const FusedStepState state = read_step_state(device_state_);
+  StepReport report;
+  report.global_step = state.global_step;
+  report.adam_steps = state.adam_steps;
+  report.skipped_steps = state.global_step - state.adam_steps;
+  report.loss_scale = state.loss_scale;
+  report.last_grad_norm = state.grad_norm;
+  report.last_lr = state.lr;
+  report.last_overflow = state.found_inf != 0;
+  report.scaler = {state.loss_scale, state.hysteresis_left, state.scaler_steps,
+                   state.last_overflow_step, state.scaler_skipped_steps};
+  report.scaler_failed = state.scaler_failed != 0;
+  return report;
+}
+
+void ZeroOptimizer::load_device_state(int64_t global_step, int64_t adam_steps,
+                                      const LossScalerState& scaler) {
+  if (!on_device()) no_gpu("load_device_state");
+  FusedStepState state;
+  state.global_step = global_step;
+  state.adam_steps = adam_steps;
+  state.loss_scale = scaler.scale;
+  state.hysteresis_left = scaler.hysteresis_left;
+  state.scaler_steps = scaler.steps;
+  state.last_overflow_step = scaler.last_overflow_step;
+  state.scaler_skipped_steps = scaler.skipped_steps;
+  write_step_state(device_state_, state);
+  loss_scale_.fill_(scaler.scale);
+}
+
+}  // namespace hpc_train

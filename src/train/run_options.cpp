@@ -1,0 +1,67 @@
+#include "hpc_train/train/run_options.h"
+
+#include "hpc_train/optim/optimizer.h"
+
+namespace hpc_train {
+namespace {
+
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+
+}  // namespace
+
+torch::Dtype model_dtype(const TrainConfig& config) {
+  switch (config.precision) {
+    case Precision::kFp16:
+      return torch::kHalf;
+    case Precision::kBf16:
+      return torch::kBFloat16;
+    case Precision::kFp32:
+      break;
+  }
+  return torch::kFloat;
+}
+
+ReducerOptions reducer_options(const TrainConfig& config) {
+  ReducerOptions options;
+  options.first_bucket_bytes = static_cast<int64_t>(config.first_bucket_mb * kBytesPerMiB);
+  options.bucket_bytes = static_cast<int64_t>(config.bucket_mb * kBytesPerMiB);
+  options.overlap = config.overlap_comm;
+  options.reduce_scatter = config.zero_stage == 2;
+  return options;
+}
+
+std::optional<LossScalerOptions> loss_scaling(const TrainConfig& config) {
+  if (config.precision != Precision::kFp16) return std::nullopt;
+  LossScalerOptions scaling;
+  scaling.fixed_scale = config.loss_scale;
+  scaling.initial_scale_power = config.initial_scale_power;
+  scaling.scale_window = config.loss_scale_window;
+  scaling.hysteresis = config.hysteresis;
+  scaling.min_scale = config.min_loss_scale;
+  return scaling;
+}
+
+ZeroOptions zero_options(const TrainConfig& config) {
+  ZeroOptions zero;
+  zero.stage = config.zero_stage;
+  zero.adam = adam_options(config.optimizer, config.lr, config.beta1, config.beta2, config.eps,
+                           config.weight_decay);
+  zero.clip_grad = config.clip_grad;
+  zero.loss_scaling = loss_scaling(config);
+  zero.check_overflow = zero.loss_scaling.has_value();
+  return zero;
+}
+
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
+  LrScheduleParams options;
+  options.kind = config.lr_schedule;
+  options.lr = config.lr;
+  options.warmup_steps = config.warmup_steps;
+  options.warmup_type = config.warmup_type;
+  options.warmup_start_ratio = config.warmup_start_ratio;
+  options.cosine_final_ratio = config.cosine_final_ratio;
+  options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : run_steps;
+  return options;
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,196 @@
+// StepGraph and TrainingStreamScope of a GPU build (step_graph.h): LibTorch's CUDA graphs, the
+// replay watched as a collective is. The CPU build's are in step_graph_cpu.cpp.
+#include "hpc_train/train/step_graph.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/runtime/cuda_check.h"
+#include "hpc_train/error.h"
+#include "hpc_train/train/gpu_stall.h"
+
+namespace hpc_train {
+
+bool cuda_graphs_available() { return true; }
+
+struct TrainingStreamScope::Impl {
+  explicit Impl(c10::cuda::CUDAStream current)
+      : previous(current), own(c10::cuda::getStreamFromPool(false, current.device_index())) {}
+  c10::cuda::CUDAStream previous;
+  c10::cuda::CUDAStream own;
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+};
+
+TrainingStreamScope::TrainingStreamScope(bool cuda) {
+  if (!cuda) return;
+  impl_ = std::make_unique<Impl>(c10::cuda::getCurrentCUDAStream());
+  // Pool streams do not synchronise with the default stream by themselves.
+  at::cuda::CUDAEvent before;
+  before.record(impl_->previous);
+  before.block(impl_->own);
+  impl_->guard.emplace(impl_->own);
+}
+
+TrainingStreamScope::~TrainingStreamScope() {
+  if (!impl_) return;
+  impl_->guard.reset();
+  try {
+    at::cuda::CUDAEvent after;
+    after.record(impl_->own);
+    after.block(impl_->previous);
+  } catch (...) {  // destructors never throw
+  }
+}
+
+namespace {
+
+// A replay as the watchdog sees it (Note [Communication watchdog]): finished when the event
+// recorded after it on the stream has completed. Queried from the watchdog's thread only, as
+// the NCCL backend's operations are (comm_nccl.cpp); an error other than "not ready" counts as
+// finished, because the training thread's next CUDA call reports it.
+class ReplayOperation : public WatchedOperation {
+ public:
+  // With `device` current.
+  ReplayOperation(CommBackendKind backend, const std::string& label, c10::DeviceIndex device)
+      : WatchedOperation(comm_backend_name(backend), "graph replay", label, /*bytes=*/0),
+        device_(device) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~ReplayOperation() override {
+    if (done_) cudaEventDestroy(done_);
+  }
+  // Once, right after the replay was queued on `stream`; before that the event would count as
+  // completed.
+  void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(done_, stream)); }
+
+  bool poll_finished() override {
+    if (WatchedOperation::poll_finished()) return true;
+    prepare_this_thread();
+    if (cudaEventQuery(done_) == cudaErrorNotReady) return false;
+    mark_finished();
+    return true;
+  }
+
+ private:
+  // The NCCL backend prepares the watchdog's thread (CommBackend::prepare_watchdog_thread);
+  // --backend none does not. Either way this thread's CUDA calls go to the replay's device (no
+  // context on device 0) in the thread-local capture mode (Note [Graph capture]).
+  void prepare_this_thread() const {
+    thread_local int prepared_device = -1;
+    if (prepared_device == device_) return;
+    cudaSetDevice(device_);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    prepared_device = device_;
+  }
+
+  c10::DeviceIndex device_;
+  cudaEvent_t done_ = nullptr;
+};
+
+// A test-only fault switch, read here and nowhere else (tests/test_graph_replay_timeout.sh):
+// HPC_TRAIN_TEST_STALL_REPLAY_RANK=R makes rank R hold its training stream up for
+// kTestStallReplayS before its first replay, with a kernel that spins that long and then ends
+// (the GPU is never held for good), as if a peer never joined a collective of the step. The
+// replay cannot finish within a --comm-timeout shorter than that. -1: unset (every real run).
+constexpr double kTestStallReplayS = 30.0;
+
+int test_stall_replay_rank() {
+  const char* value = std::getenv("HPC_TRAIN_TEST_STALL_REPLAY_RANK");
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long rank = std::strtol(value, &end, 10);
+  if (*end != '\0' || rank < 0)
+    throw Error(std::string("HPC_TRAIN_TEST_STALL_REPLAY_RANK=") + value +
+                ": not a rank number (a fault switch for tests; unset it)");
+  return static_cast<int>(rank);
+}
+
+// The line tests/test_graph_replay_timeout.sh measures from (as test_comm.cpp's stalls).
+void announce_test_stall(int rank, const std::string& label) {
+  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+  std::fprintf(stderr,
+               "[rank %d] test fault HPC_TRAIN_TEST_STALL_REPLAY_RANK: graph replay of %s held up "
+               "on the GPU for %g s; stall begins at %lld ms\n",
+               rank, label.c_str(), kTestStallReplayS,
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count()));
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+struct StepGraph::Impl {
+  std::optional<at::cuda::CUDAGraph> graph;
+  int test_stall_rank = test_stall_replay_rank();
+  bool test_stalled = false;
+};
+
+StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
+StepGraph::~StepGraph() = default;
+
+bool StepGraph::capture(const std::function<void()>& enqueue_step, std::string* why) {
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  if (stream == c10::cuda::getDefaultCUDAStream(stream.device_index())) {
+    if (why) *why = "the current stream is the default stream (no TrainingStreamScope)";
+    return false;
+  }
+  impl_->graph.emplace();
+  try {
+    impl_->graph->capture_begin();
+    try {
+      enqueue_step();
+    } catch (...) {
+      // End the broken capture so that the stream works again, then report.
+      cudaGraph_t broken = nullptr;
+      if (cudaStreamEndCapture(stream.stream(), &broken) == cudaSuccess && broken)
+        cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    impl_->graph->capture_end();
+  } catch (const c10::Error& e) {
+    impl_->graph.reset();
+    if (why) *why = e.what_without_backtrace();
+    return false;
+  } catch (const std::exception& e) {
+    impl_->graph.reset();
+    if (why) *why = e.what();
+    return false;
+  }
+  return true;
+}
+
+bool StepGraph::captured() const { return impl_->graph.has_value(); }
+
+void StepGraph::replay(Communicator& comm, const std::string& label) {
+  if (!impl_->graph) throw Error("StepGraph::replay: nothing captured");
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAGuard device(stream.device_index());
+  std::shared_ptr<ReplayOperation> watched;
+  if (comm.timeout_s() > 0)
+    watched = std::make_shared<ReplayOperation>(comm.backend(), label, stream.device_index());
+  const bool test_stall = !impl_->test_stalled && comm.rank() == impl_->test_stall_rank;
+  comm.launch_captured([&] {
+    if (test_stall) {
+      announce_test_stall(comm.rank(), label);
+      launch_gpu_stall(kTestStallReplayS, stream.stream());
+      impl_->test_stalled = true;
+    }
+    impl_->graph->replay();
+    if (watched) watched->record(stream.stream());
+  });
+  if (watched) comm.watch(std::move(watched));
+}
+
+}  // namespace hpc_train

@@ -1,0 +1,556 @@
+#include "hpc_train/train/trainer.h"
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "hpc_train/io/checkpoint.h"
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/data/device_input.h"
+#include "hpc_train/data/epoch_batches.h"
+#include "hpc_train/data/epoch_plan.h"
+#include "hpc_train/train/evaluation.h"
+#include "hpc_train/error.h"
+#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/monitor/gpu_monitor.h"
+#include "hpc_train/model/initial_weights.h"
+#include "hpc_train/optim/lr_schedule.h"
+#include "hpc_train/monitor/metrics.h"
+#include "hpc_train/model/models.h"
+#include "hpc_train/comm/reducer.h"
+#include "hpc_train/train/run_options.h"
+#include "hpc_train/monitor/run_report.h"
+#include "hpc_train/train/step_graph.h"
+#include "hpc_train/runtime/stop_signal.h"
+#include "hpc_train/train/training_state.h"
+#include "hpc_train/optim/zero_optimizer.h"
+
+namespace hpc_train {
+
+namespace {
+
+// --resident-data auto keeps the train split on the GPU up to this size (CIFAR-10: 154 MB).
+constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
+// Eager steps before a step is captured as a CUDA graph: the first one's gradients decide the
+// bucket layout, and LibTorch initialises its libraries' handles and workspaces in the first
+// few (as torch.cuda.graphs asks for warm-up iterations).
+constexpr int64_t kEagerStepsBeforeCapture = 3;
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
+
+struct Trainer::Impl {
+  TrainConfig config;
+  const DatasetFile& dataset;
+  Communicator comm;
+  RunReporter reporter;
+  Placement placement;
+  torch::Device device;
+  torch::Dtype dtype;
+  GpuMonitor gpu_monitor;  // NVML samples of this rank's GPU (none on the CPU)
+  // Note [Training stream]: from here on (GPU) every step, eager or captured, runs on one
+  // non-default stream. It must be current before the Reducer takes the gradient accumulators:
+  // an AccumulateGrad node remembers the stream current when it was made, and autograd runs it
+  // there. Made on the default stream, it ties the default (legacy) stream into every backward,
+  // which a CUDA graph capture refuses ("operation would make the legacy stream depend on a
+  // capturing blocking stream"; PyTorch asks DDP to be built on the side stream for the same
+  // reason). Declared before the model, so that it is torn down last.
+  TrainingStreamScope training_stream;
+  std::unique_ptr<TrainableModel> model;
+  FlatParameters flat;
+  std::optional<Reducer> reducer;
+  std::optional<ZeroOptimizer> optimizer;
+  std::optional<RunCheckpoints> checkpoints;
+  std::optional<DeviceInput> train_input;
+  std::optional<Evaluator> evaluator;
+  bool train_split_resident = false;
+  torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
+  bool channels_last = false;        // inputs in NHWC (cuDNN's fast layout on tensor cores)
+  StepGraph step_graph;              // --cuda-graph: the captured training step
+  bool use_step_graph = false;       // whether steps are captured and replayed
+  bool graph_captured_now = false;   // the step just run captured the graph
+  torch::Tensor graph_input;         // the captured step's static input buffers
+  torch::Tensor graph_labels;
+  bool buckets_rebuilt = false;
+  TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
+  SampleTrace sample_trace; // test-only (SampleTrace)
+  std::string resumed_from; // the checkpoint file, empty for a fresh start
+  IntervalTimes run_times;  // every log interval of the run, added up
+  double shown_loss = 0.0;  // the last log interval's loss, for the progress bar
+
+  Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, const TrainerOutput& output,
+       Placement where)
+      : config(c), dataset(d), comm(mpi_comm, where.backend, where.cuda_device),
+        reporter(output, comm.rank()), placement(where),
+        device(where.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(where.cuda_device))
+                          : torch::Device(torch::kCPU)),
+        dtype(model_dtype(c)),
+        gpu_monitor(where.cuda ? where.cuda_device : -1),
+        training_stream(where.cuda),
+        sample_trace(comm.rank()) {
+    comm.set_timeout(config.comm_timeout_s);
+    const DatasetInfo& info = dataset.info();
+    torch::manual_seed(config.seed);
+    model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
+    if (!config.init_weights.empty()) load_init_weights();
+    model->to(device, dtype);
+    check_model_runs_in_dtype(info);
+    std::vector<std::string> names;
+    std::vector<at::Tensor> parameters;
+    for (const auto& item : model->named_parameters()) {
+      names.push_back(item.name);
+      parameters.push_back(item.tensor);
+    }
+    const ReducerOptions bucketing = reducer_options(config);
+    BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
+    flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout));
+    // Every rank starts from rank 0's parameters and buffers.
+    comm.broadcast(flat.values(), 0).wait();
+    broadcast_buffers(*model, comm);
+    reducer.emplace(flat, comm, bucketing);
+    optimizer.emplace(flat, *reducer, comm, zero_options(config));
+    checkpoints.emplace(config, info, comm, *model, flat.numel(), device, *optimizer, reporter);
+    channels_last = placement.cuda && config.channels_last;
+    train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
+                        config.seed, comm.rank(), config.micro_batch);
+    evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
+                      config.prefetch_batches, comm);
+    const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
+    train_split_resident = config.resident_data == Switch::kOn ||
+                           (config.resident_data == Switch::kAuto && placement.cuda &&
+                            resident_bytes <= kAutoResidentBytes);
+    if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
+    if (placement.cuda) {
+      at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark);
+      at::globalContext().setDeterministicCuDNN(config.deterministic);
+    }
+    interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    use_step_graph = placement.cuda && config.cuda_graph != Switch::kOff && cuda_graphs_available() &&
+                     placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
+    if (config.cuda_graph == Switch::kOn && !use_step_graph)
+      throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
+                        "backend and --grad-accum 1; use --cuda-graph auto or off");
+    resumed_from = checkpoints->to_resume();
+    if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
+  }
+
+  // --init-weights, on every rank (initial_weights.h): before the broadcast, which then only
+  // confirms what every rank read.
+  void load_init_weights() {
+    const WeightsMatch match = load_initial_weights(
+        config.init_weights, config.init_weights_partial, *model, config.model);
+    const size_t model_tensors =
+        match.matched.size() + match.missing.size() + match.mismatched.size();
+    if (match.complete()) {
+      reporter.say("Initial weights: all %zu tensors from %s\n", model_tensors,
+                   config.init_weights.c_str());
+      return;
+    }
+    // Every tensor left is listed: what a fine-tuning run keeps of its own initialisation.
+    reporter.say("Initial weights: %zu of the model's %zu tensors from %s (partial); left: %s\n",
+                 match.matched.size(), model_tensors, config.init_weights.c_str(),
+                 describe_unmatched(match, SIZE_MAX).c_str());
+  }
+
+  // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution
+  // on the CPU): one tiny forward finds out before training, with a message that says what to
+  // do instead of a LibTorch backtrace from the first step.
+  void check_model_runs_in_dtype(const DatasetInfo& info) {
+    if (dtype == torch::kFloat) return;
+    torch::NoGradGuard no_grad;
+    model->eval();
+    try {
+      model->forward(torch::zeros({1, info.channels, info.height, info.width},
+                                  torch::TensorOptions().dtype(dtype).device(device)));
+    } catch (const c10::Error& e) {
+      throw ConfigError("--precision " + to_string(config.precision) + ": " + config.model +
+                        " cannot run in " + to_string(config.precision) + " here (" +
+                        first_line(e.what_without_backtrace()) +
+                        "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
+    }
+  }
+
+  // Returns the losses summed since the last call and starts a new sum (waits for the device).
+  double take_interval_loss() {
+    const double sum = interval_loss.item<double>();
+    interval_loss.zero_();
+    return sum;
+  }
+
+  // Note [Gradient averaging]
+  // Each rank's loss is the mean over its micro-batch, and every rank's micro-batch has the same
+  // size (the epoch plan pads or drops so that it does). The gradient of the mean loss over the
+  // global batch (world size W ranks x grad_accum micro-steps) is then the sum, over ranks and
+  // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs on
+  // loss * loss_scale / (W * grad_accum), the micro-steps add up in the gradient buffer, and the
+  // collectives sum over ranks: no division pass, and fp16 sums stay small. N ranks with
+  // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
+  void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
+    Stopwatch phase;
+    model->train();
+    const torch::Tensor logits = model->forward(in_model_layout(batch.input, channels_last));
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
+    times.forward_ms += phase.elapsed_ms();
+    phase.restart();
+    reducer->begin_backward(sync);
+    const double averaging = 1.0 / (comm.size() * static_cast<double>(config.grad_accum));
+    optimizer->scale_loss(loss, averaging).backward();
+    times.backward_ms += phase.elapsed_ms();
+    if (sync) {
+      times.comm_wait_ms += reducer->finish_backward();
+      times.comm_span_ms += reducer->comm_span_ms();
+      times.comm_bytes += reducer->bytes_last_backward();
+    } else {
+      reducer->finish_backward();
+    }
+    interval_loss.add_(loss.detach());
+  }
+
+  // The optimizer step after a synchronised micro-step. On a GPU overflows and the loss scale
+  // stay there; log_interval reads them (optimizer_report).
+  void optimizer_step(IntervalTimes& times) {
+    Stopwatch phase;
+    optimizer->step();
+    // The first step that was taken decides the bucket layout (a read of the GPU, once).
+    if (!buckets_rebuilt && !optimizer->report().last_overflow) {
+      optimizer->rebuild_buckets();
+      buckets_rebuilt = true;
+    }
+    times.optimizer_ms += phase.elapsed_ms();
+  }
+
+  // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
+  // graph, captured at the first call (step_graph.h). False when capturing failed: the caller
+  // runs the step eagerly, and no further capture is tried. `step`: the global step, from 0.
+  bool replay_step_graph(const DeviceBatch& batch, int64_t step) {
+    if (!step_graph.captured()) {
+      graph_input = torch::empty_like(in_model_layout(batch.input, channels_last));
+      graph_labels = torch::empty_like(batch.labels);
+      std::string why;
+      comm.set_capturing(true);
+      const bool captured = step_graph.capture([&] {
+        IntervalTimes ignored;  // host timers mean nothing inside a capture
+        forward_backward(DeviceBatch{graph_input, graph_labels}, /*sync=*/true, ignored);
+        optimizer->step();
+      }, &why);
+      comm.set_capturing(false);
+      if (!captured) {
+        use_step_graph = false;
+        if (config.cuda_graph == Switch::kOn) throw Error("--cuda-graph on: capturing the step failed: " + why);
+        reporter.say("CUDA graph capture failed (%s); the steps run eagerly\n", why.c_str());
+        return false;
+      }
+      graph_captured_now = true;
+      reporter.say("Training step captured as a CUDA graph\n");
+    }
+    graph_input.copy_(in_model_layout(batch.input, channels_last));
+    graph_labels.copy_(batch.labels);
+    step_graph.replay(comm, "step " + std::to_string(step + 1));
+    return true;
+  }
+
+  MemoryBytes memory() const {
+    MemoryBytes bytes;
+    bytes.parameters = flat.values().numel() * flat.values().element_size();
+    bytes.gradients = reducer->gradient_bytes();
+    bytes.optimizer_state = optimizer->state_bytes();
+    return bytes;
+  }
+
+  // Rank 0's log line and metrics record for the interval that ends with this step.
+  // Collective (the interval's loss is averaged over ranks).
+  // Returns the interval's mean loss.
+  double log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
+                      int64_t global_step, IntervalTimes& times) {
+    const StepReport report = optimizer_report();
+    const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
+    const double loss = comm.all_reduce_scalar(times.loss_sum) /
+                        (comm.size() * steps * config.grad_accum);
+    const double interval_ms = times.wall.elapsed_ms();
+    IntervalReport line;
+    line.epoch = epoch;
+    line.epochs = config.epochs;
+    line.step_in_epoch = step_in_epoch;
+    line.steps_per_epoch = steps_per_epoch;
+    line.global_step = global_step;
+    line.loss = loss;
+    line.lr = report.last_lr;
+    line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
+    line.ms_per_step = interval_ms / steps;
+    line.buckets = reducer->num_buckets();
+    line.show_loss_scale = config.precision == Precision::kFp16;
+    line.loss_scale = report.loss_scale;
+    line.skipped_steps = report.skipped_steps;
+    line.memory = memory();
+    line.breakdown = times.breakdown(comm.size(), config.zero_stage == 2);
+    // Every rank's GPU figures, min and max over the ranks (collective).
+    const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
+    const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak, comm);
+    if (placement.cuda) line.gpu = gpu;
+    reporter.interval(line);
+    run_times.add(times);
+    times = IntervalTimes{};
+    return loss;
+  }
+
+  // The optimizer's report (a read of the GPU: at log intervals, checkpoints and the end). Ends
+  // the run when the device scaler met an overflow at its minimum scale, as the host scaler
+  // does at once (LossScaler::update).
+  StepReport optimizer_report() {
+    const StepReport report = optimizer->report();
+    if (report.scaler_failed)
+      throw Error("fp16 loss scale reached its minimum (" + std::to_string(config.min_loss_scale) +
+                  ") and the gradients still overflow (" + std::to_string(report.skipped_steps) +
+                  " step(s) skipped so far). What to try: --precision bf16, a lower --lr, "
+                  "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it "
+                  "diverges");
+    return report;
+  }
+
+  // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
+  int agreed_stop_signal() {
+    const int local = stop_signal_received();
+    if (comm.size() == 1) return local;
+    return static_cast<int>(comm.all_reduce_count(local, ReduceOp::kMax));
+  }
+
+  // A checkpoint's position at this run's micro-batch and accumulation (Note [Resume position]).
+  TrainingPosition position(int64_t global_step, int64_t micro_step, int64_t epoch,
+                            int64_t micro_steps_in_epoch, int64_t samples_in_epoch) {
+    return {global_step,      micro_step,         epoch, micro_steps_in_epoch,
+            optimizer_report().skipped_steps, samples_in_epoch, config.micro_batch,
+            config.grad_accum};
+  }
+
+  TrainSummary run() {
+    Stopwatch run_wall;
+    const DatasetInfo& info = dataset.info();
+    const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;
+    const int64_t rank_samples = samples_for_rank(info.train_size, comm.size(), comm.rank(), tail);
+    const int64_t micro_steps_per_epoch = batches_per_epoch(rank_samples, config.micro_batch);
+    // Micro-steps carry over epoch boundaries (as DeepSpeed counts them), so an epoch has this
+    // many optimizer steps, give or take one.
+    const int64_t steps_per_epoch = std::max<int64_t>(1, micro_steps_per_epoch / config.grad_accum);
+    int64_t total_steps = steps_per_epoch * config.epochs;
+    if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
+    optimizer->set_lr_schedule(LrSchedule(lr_schedule_options(config, total_steps)).params());
+
+    TrainSummary summary;
+    summary.world_size = comm.size();
+    summary.model = config.model;
+    summary.parameters = flat.numel();
+    summary.zero_stage = config.zero_stage;
+    summary.precision = to_string(config.precision);
+    summary.placement = placement.describe();
+    summary.global_batch =
+        static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
+    summary.resumed_from = resumed_from;
+    reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
+                        comm.size(), summary.placement, info.train_size, steps_per_epoch,
+                        config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
+    if (placement.cuda && !model->forward_flops_per_sample())
+      reporter.say("MFU: unknown for %s (hpc_train counts the FLOPs of its built-in models "
+                   "only); summary.json reports mfu 0\n", config.model.c_str());
+
+    int64_t global_step = start.global_step;  // optimizer steps taken or skipped
+    int64_t micro_step = start.micro_step;    // over the whole run
+    // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
+    // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
+    int64_t micro_steps_since_update = 0;
+    ThroughputClock throughput(start.global_step + 1);
+    bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
+    for (int epoch = static_cast<int>(start.epoch);
+         epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
+      Stopwatch epoch_wall;
+      // Note [Resume position]: a resumed epoch goes on at the permutation position its
+      // checkpoint had reached, whatever world size, micro-batch and accumulation reached it.
+      const int64_t first_position = epoch == start.epoch ? start.samples_in_epoch : 0;
+      const int64_t global_micro_batch = static_cast<int64_t>(config.micro_batch) * comm.size();
+      // Micro-batches of the epoch behind us, counted at this run's micro-batch (display, and
+      // the augmentation draws, which follow a batch's place in the epoch).
+      const int64_t consumed_micro_steps = first_position / global_micro_batch;
+      EpochBatches batches(*train_input, dataset,
+                           rank_epoch_indices(config.seed, epoch, info.train_size, comm.size(),
+                                              comm.rank(), tail, /*shuffle=*/true, first_position),
+                           config.micro_batch, config.prefetch_batches, epoch,
+                           consumed_micro_steps, train_split_resident);
+      const int64_t epoch_end_micro_steps = consumed_micro_steps + batches.batches();
+      IntervalTimes times;
+      double epoch_loss_sum = 0.0;
+      int64_t epoch_micro_steps = consumed_micro_steps;
+      int64_t samples_in_epoch = first_position;  // positions consumed by all ranks together
+      int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
+      throughput.epoch_started();
+      bool have_batch = batches.prepare_next(&times.data_wait_ms);
+      while (have_batch) {
+        const int64_t batch_size = batches.prepared_size();
+        const DeviceBatch batch = batches.take();
+        if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
+        ++micro_step;
+        const bool sync = ++micro_steps_since_update == config.grad_accum;
+        // Captured steps need the final bucket layout, warmed-up libraries and full batches.
+        const bool replayed = use_step_graph && sync && buckets_rebuilt &&
+                              batch_size == config.micro_batch &&
+                              global_step - start.global_step >= kEagerStepsBeforeCapture &&
+                              replay_step_graph(batch, global_step);
+        if (replayed) {
+          ++summary.graph_replays;
+        } else {
+          forward_backward(batch, sync, times);
+          if (sync) optimizer_step(times);
+        }
+        ++epoch_micro_steps;
+        samples_in_epoch += batch_size * comm.size();  // every rank's batch has this size
+        times.samples += batch_size;
+        // The next batch's copy overlaps the step just queued on the GPU.
+        have_batch = batches.prepare_next(&times.data_wait_ms);
+        if (!sync) continue;
+        micro_steps_since_update = 0;
+        ++global_step;
+        ++times.steps;
+        if (!replayed) ++times.phase_timed_steps;
+        reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
+        const bool last_of_epoch =
+            step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;
+        if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch) {
+          const double interval_loss_sum = take_interval_loss();
+          times.loss_sum += interval_loss_sum;
+          epoch_loss_sum += interval_loss_sum;
+          shown_loss = log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, times);
+        }
+        // After the log, which waits for the GPU at its interval: asynchronous steps are counted
+        // when they have run.
+        if (graph_captured_now) {
+          graph_captured_now = false;
+          torch::cuda::synchronize();
+          throughput.restart_after(global_step);
+        } else {
+          throughput.step_ended(global_step, batch_size * config.grad_accum);
+        }
+        reporter.progress(epoch, config.epochs, step_in_epoch, steps_per_epoch, shown_loss);
+        ++step_in_epoch;
+        auto here = [&] {
+          return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
+        };
+        summary.stop_signal = agreed_stop_signal();
+        if (summary.stop_signal != 0) {
+          summary.last_checkpoint = checkpoints->save(here(), stop_signal_name(summary.stop_signal));
+          break;
+        }
+        if (config.checkpoint_every > 0 && global_step % config.checkpoint_every == 0)
+          summary.last_checkpoint = checkpoints->save(here(), "periodic");
+        if (reached_max_steps) break;
+      }
+      // Micro-steps of an accumulation that carries over into the next epoch.
+      epoch_loss_sum += take_interval_loss();
+      reporter.end_progress();
+      if (summary.stop_signal != 0) break;
+      EpochReport ended;
+      ended.epoch = epoch;
+      ended.epochs = config.epochs;
+      ended.train_s = epoch_wall.elapsed_ms() / 1e3;
+      summary.final_train_loss =
+          comm.all_reduce_scalar(epoch_loss_sum) /
+          (comm.size() *
+           static_cast<double>(std::max<int64_t>(1, epoch_micro_steps - consumed_micro_steps)));
+      ended.complete = epoch_micro_steps == epoch_end_micro_steps;
+      if (ended.complete) ++summary.epochs_completed;
+      summary.test = evaluator->evaluate(*model);
+      const StepReport report = optimizer_report();
+      ended.global_step = global_step;
+      ended.train_loss = summary.final_train_loss;
+      ended.test = summary.test;
+      ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
+      ended.loader_wait_s = batches.loader_wait_ms() / 1e3;
+      ended.skipped_steps = report.skipped_steps;
+      ended.loss_scale = report.loss_scale;
+      reporter.epoch(ended);
+      // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
+      // accumulation is not one.
+      if (config.checkpoint_epochs && micro_steps_since_update == 0) {
+        const TrainingPosition here =
+            ended.complete
+                ? position(global_step, micro_step, epoch + 1, 0, 0)
+                : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
+        summary.last_checkpoint = checkpoints->save(here, ended.complete ? "epoch end" : "max steps");
+      }
+    }
+    if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
+      write_weights_safetensors(config.export_weights, model_checkpoint(info, *model, global_step));
+      reporter.say("Weights exported to %s\n", config.export_weights.c_str());
+    }
+    summary.steps = global_step;
+    const StepReport report = optimizer_report();
+    summary.skipped_steps = report.skipped_steps;
+    summary.loss_scale = report.loss_scale;
+    summary.memory = memory();
+    summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
+    summary.wall_s = run_wall.elapsed_ms() / 1e3;
+    if (throughput.steps() > 0 && throughput.ms() > 0) {
+      // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.
+      const double slowest_ms = comm.all_reduce_scalar(throughput.ms(), ReduceOp::kMax);
+      summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;
+      summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
+    }
+    if (placement.cuda) {
+      summary.peak_allocated_bytes_per_rank =
+          comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");
+      // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
+      const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
+                                           config.precision, /*fp32_as_tf32=*/true);
+      // A TorchScript module's FLOPs are not counted: its MFU stays 0, "unknown" (run() said so).
+      if (const std::optional<double> forward_flops = model->forward_flops_per_sample()) {
+        summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;
+        summary.mfu = model_flops_utilization(summary.training_flops_per_sample,
+                                              summary.samples_per_s, comm.size(), peak);
+      }
+    }
+    return summary;
+  }
+};
+
+Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
+                 const TrainerOutput& output, Placement placement)
+    : impl_(std::make_unique<Impl>(config, dataset, comm, output, placement)) {}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() {
+  try {
+    return impl_->run();
+  } catch (const c10::Error& e) {
+    // LibTorch's own message, without its C++ backtrace.
+    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
+  }
+}
+
+EvalResult Trainer::evaluate() { return impl_->evaluator->evaluate(*impl_->model); }
+
+at::Tensor Trainer::flat_parameters() const {
+  return impl_->flat.to_logical(impl_->flat.values()).to(at::kFloat).cpu();
+}
+
+MemoryBytes Trainer::memory() const { return impl_->memory(); }
+
+std::vector<std::pair<std::string, double>> Trainer::last_reducer_events() const {
+  std::vector<std::pair<std::string, double>> events;
+  for (const ReducerEvent& e : impl_->reducer->events()) {
+    switch (e.kind) {
+      case ReducerEvent::Kind::kCollectiveStarted:
+        events.emplace_back("bucket " + std::to_string(e.bucket) + " started", e.time_ms);
+        break;
+      case ReducerEvent::Kind::kBackwardEnded: events.emplace_back("backward ended", e.time_ms); break;
+      case ReducerEvent::Kind::kAllDone: events.emplace_back("all done", e.time_ms); break;
+    }
+  }
+  return events;
+}
+
+}  // namespace hpc_train

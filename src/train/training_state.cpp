@@ -1,0 +1,214 @@
+#include "hpc_train/train/training_state.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "hpc_train/io/checkpoint_files.h"
+#include "hpc_train/error.h"
+#include "hpc_train/monitor/metrics.h"
+#include "hpc_train/train/run_options.h"
+
+namespace hpc_train {
+namespace {
+
+std::vector<float> to_host_floats(const torch::Tensor& t) {
+  const torch::Tensor host = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+}
+
+}  // namespace
+
+std::vector<CheckpointTensor> model_state(const TrainableModel& model) {
+  std::vector<CheckpointTensor> state;
+  auto add = [&](const std::string& name, const torch::Tensor& value) {
+    const bool integral = !at::isFloatingType(value.scalar_type());
+    const torch::Tensor host =
+        value.detach().to(torch::kCPU, integral ? torch::kLong : torch::kFloat).contiguous();
+    CheckpointTensor tensor;
+    tensor.name = name;
+    tensor.dtype = integral ? "I64" : "F32";
+    tensor.shape = host.sizes().vec();
+    const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
+    tensor.data.assign(bytes, bytes + host.numel() * host.element_size());
+    state.push_back(std::move(tensor));
+  };
+  for (const auto& item : model.named_parameters()) add(item.name, item.tensor);
+  for (const auto& item : model.named_buffers()) add(item.name, item.tensor);
+  return state;
+}
+
+Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
+                            int64_t global_step) {
+  Checkpoint c;
+  c.model = model.identity();
+  c.channels = input.channels;
+  c.height = input.height;
+  c.width = input.width;
+  c.num_classes = input.num_classes;
+  c.position.global_step = global_step;
+  c.model_state = model_state(model);
+  return c;
+}
+
+void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state) {
+  c.optimizer_steps = state.steps;
+  c.master = to_host_floats(state.master);
+  c.exp_avg = to_host_floats(state.exp_avg);
+  c.exp_avg_sq = to_host_floats(state.exp_avg_sq);
+  const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+}
+
+FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string& path,
+                                         const DatasetInfo& input, TrainableModel& model,
+                                         int64_t flat_numel, const torch::Device& device) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
+  for (const auto& item : model.named_parameters())
+    expected.emplace_back(item.name, item.tensor.sizes().vec());
+  std::map<std::string, torch::Tensor> buffers;
+  for (const auto& item : model.named_buffers()) {
+    expected.emplace_back(item.name, item.tensor.sizes().vec());
+    buffers[item.name] = item.tensor;
+  }
+  check_checkpoint_fits(c, path, model.identity(), input.channels, input.height, input.width,
+                        input.num_classes, expected, flat_numel);
+  torch::NoGradGuard no_grad;
+  for (const CheckpointTensor& tensor : c.model_state) {
+    const auto buffer = buffers.find(tensor.name);
+    if (buffer == buffers.end()) continue;
+    buffer->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
+                                          tensor.dtype == "I64" ? torch::kLong : torch::kFloat));
+  }
+  if (!c.rng_state.empty()) {
+    torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
+    std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+  }
+  auto from_vector = [&](const std::vector<float>& values) {
+    return torch::from_blob(const_cast<float*>(values.data()),
+                            {static_cast<int64_t>(values.size())}, torch::kFloat)
+        .to(device);
+  };
+  FullOptimizerState state;
+  state.master = from_vector(c.master);
+  state.exp_avg = from_vector(c.exp_avg);
+  state.exp_avg_sq = from_vector(c.exp_avg_sq);
+  state.steps = c.optimizer_steps;
+  return state;
+}
+
+std::string describe_loss_scaling(const std::string& precision, bool scaled, bool dynamic,
+                                  double scale) {
+  char text[96];
+  if (!scaled) std::snprintf(text, sizeof text, "%s, no scaling", precision.c_str());
+  else if (dynamic) std::snprintf(text, sizeof text, "%s, dynamic, scale %g", precision.c_str(), scale);
+  else std::snprintf(text, sizeof text, "%s, fixed scale %g", precision.c_str(), scale);
+  return text;
+}
+
+void broadcast_buffers(TrainableModel& model, Communicator& comm) {
+  for (const auto& item : model.named_buffers()) {
+    const at::Tensor& buffer = item.tensor;
+    at::Tensor contiguous = buffer.contiguous();
+    comm.broadcast(contiguous, 0).wait();
+    if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
+  }
+}
+
+RunCheckpoints::RunCheckpoints(const TrainConfig& config, const DatasetInfo& input,
+                               Communicator& comm, TrainableModel& model, int64_t flat_numel,
+                               const torch::Device& device, ZeroOptimizer& optimizer,
+                               RunReporter& reporter)
+    : config_(config), input_(input), comm_(comm), model_(model), flat_numel_(flat_numel),
+      device_(device), optimizer_(optimizer), reporter_(reporter),
+      loss_scaling_(loss_scaling(config)) {}
+
+std::string RunCheckpoints::to_resume() {
+  if (!resumes_newest_checkpoint(config_)) return config_.resume;
+  std::string found;
+  if (comm_.rank() == 0) {
+    std::vector<std::string> warnings;
+    found = find_latest_checkpoint(config_.run_dir, &warnings).value_or("");
+    for (const std::string& warning : warnings)
+      std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    if (found.empty())
+      reporter_.say("--resume auto: no checkpoint in %s yet, starting fresh\n",
+                    checkpoint_directory(config_.run_dir).c_str());
+  }
+  return comm_.broadcast_string(found, 0, "checkpoint to resume");
+}
+
+Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
+  Checkpoint c = model_checkpoint(input_, model_, position.global_step);
+  add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
+  c.precision = to_string(config_.precision);
+  c.zero_stage = config_.zero_stage;
+  c.world_size = comm_.size();
+  c.config_ini = to_ini(config_);
+  c.position = position;
+  c.has_loss_scaler = loss_scaling_.has_value();
+  c.loss_scaler_dynamic = loss_scaling_ && loss_scaling_->fixed_scale <= 0;
+  c.loss_scaler = optimizer_.report().scaler;
+  return c;
+}
+
+std::string RunCheckpoints::save(const TrainingPosition& position, const char* why) {
+  if (config_.run_dir.empty()) return "";
+  Stopwatch wall;
+  broadcast_buffers(model_, comm_);
+  const std::string path = checkpoint_path(config_.run_dir, position.global_step);
+  write_checkpoint(comm_.mpi_comm(), path, make_checkpoint(position));
+  if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
+  reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3);
+  return path;
+}
+
+TrainingPosition RunCheckpoints::resume(const std::string& path) {
+  const Checkpoint c = read_checkpoint(path);
+  // check_checkpoint_fits compares identities; this says which file and what to do.
+  if (names_torchscript_file(config_.model) && c.model != model_.identity())
+    throw DataError(path + ": the checkpoint holds " + c.model + "; this run's --model " +
+                    config_.model + " is " + model_.identity() +
+                    ". hpc_train knows a TorchScript file by its content (a copy resumes, a file "
+                    "saved again does not): resume with the file the run started from, which "
+                    "the run directory's config.ini names");
+  optimizer_.load_full_state(
+      restore_model_and_rng(c, path, input_, model_, flat_numel_, device_));
+  // Note [Scaler on resume] (checkpoint.h).
+  const bool continue_scaler = continues_loss_scaler(c, loss_scaling_);
+  const LossScalerState scaler_state =
+      continue_scaler ? c.loss_scaler
+                      : (loss_scaling_ ? LossScaler(*loss_scaling_).state() : LossScalerState{});
+  optimizer_.resume(c.position.global_step, c.optimizer_steps, scaler_state);
+  if (!continue_scaler && (c.has_loss_scaler || loss_scaling_))
+    reporter_.say("Loss scaling: the checkpoint's (%s) does not carry over to this run's (%s); "
+                  "starting at scale %g\n",
+                  describe_loss_scaling(c.precision, c.has_loss_scaler, c.loss_scaler_dynamic,
+                                        c.loss_scaler.scale)
+                      .c_str(),
+                  describe_loss_scaling(to_string(config_.precision), loss_scaling_.has_value(),
+                                        loss_scaling_ && loss_scaling_->fixed_scale <= 0,
+                                        scaler_state.scale)
+                      .c_str(),
+                  scaler_state.scale);
+  TrainingPosition start = c.position;
+  // A version 1 checkpoint did not record the position in samples; it continued at its
+  // micro-steps times this run's micro-batch and world size, which is right when they are the
+  // saving run's (or keep its global batch).
+  if (start.samples_in_epoch < 0)
+    start.samples_in_epoch = start.micro_steps_in_epoch * config_.micro_batch * comm_.size();
+  reporter_.say("Resumed from %s: step %lld, epoch %lld, %lld samples into it (saved by %d "
+                "rank(s), continuing on %d)\n",
+                path.c_str(), static_cast<long long>(c.position.global_step),
+                static_cast<long long>(c.position.epoch + 1),
+                static_cast<long long>(start.samples_in_epoch), c.world_size, comm_.size());
+  return start;
+}
+
+}  // namespace hpc_train

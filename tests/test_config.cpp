@@ -387,9 +387,12 @@ TEST(Config, HelpListsEveryModel) {
   const std::string help = parse({"--help"}).text;
   const std::string models = help.substr(help.find("--model TEXT"));
   for (const std::string& name : model_names()) {
-    // A whole name: after a space, before a comma or the end of the list's last line.
-    const bool listed = models.find(" " + name + ",") != std::string::npos ||
-                        models.find(" " + name + "\n") != std::string::npos;
+    // A whole name: after a space or the list's opening bracket, before a comma, a line end or
+    // the closing bracket.
+    bool listed = false;
+    for (const char* before : {" ", "("})
+      for (const char* after : {",", "\n", ")"})
+        listed = listed || models.find(before + name + after) != std::string::npos;
     EXPECT_TRUE(listed) << name << " is not in --model's help:\n" << help;
   }
 }

@@ -3,6 +3,8 @@
 // Reads as a table of contents:
 //   config   -> the command line, INI file and DeepSpeed config       (config.h, deepspeed_config.h)
 //   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
+//   build    -> what this binary was built with (--version, the log header, summary.json)
+//                                                                    (build_info.h)
 //   placement -> every rank's device and backend, agreed by all     (placement.h)
 //   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
 //   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h), and the
@@ -20,6 +22,7 @@
 #include "hpc_train/config/deepspeed_config.h"
 #include "hpc_train/io/atomic_file.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/build_info.h"
 #include "hpc_train/runtime/placement.h"
 #include "hpc_train/runtime/run_dir.h"
 #include "hpc_train/runtime/runtime.h"
@@ -47,6 +50,11 @@ int main(int argc, char** argv) {
       if (runtime.rank() == 0) std::printf("%s", command_line.text.c_str());
       return kExitOk;
     }
+    const std::vector<BuildItem> build = build_report();
+    if (command_line.action == CommandLine::Action::kPrintBuild) {
+      if (runtime.rank() == 0) std::printf("%s", format_build_report(build).c_str());
+      return kExitOk;
+    }
     if (runtime.rank() == 0)
       for (const std::string& warning : warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     TrainConfig& config = command_line.config;
@@ -64,9 +72,9 @@ int main(int argc, char** argv) {
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);
-      std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n%s\n",
+      std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n%s%s\n",
                   HPC_TRAIN_VERSION, runtime.world_size(), placement.describe().c_str(), threads,
-                  resolved.c_str());
+                  format_build_report(build).c_str(), resolved.c_str());
       std::fflush(stdout);
     }
 
@@ -107,6 +115,7 @@ int main(int argc, char** argv) {
       record["micro_batch"] = config.micro_batch;
       record["threads_per_rank"] = threads;
       record["run_dir"] = config.run_dir;
+      record["build"] = build_report_json(build);
       write_file_atomically(config.run_dir + "/summary.json", record.dump(2) + "\n");
       std::printf("Finished: %d epoch(s), %lld steps in %.1f s, %.1f samples/s, %.2f ms/step; "
                   "test loss %.4f, test accuracy %.2f%%\nRun directory: %s\n",

@@ -16,6 +16,13 @@ target_link_libraries(edit_dataset PRIVATE HDF5::HDF5 MPI::MPI_C)
 hpc_train_add_script_test(NAME test_errors SCRIPT test_errors.sh TIMEOUT 420)
 set_property(TEST test_errors APPEND PROPERTY ENVIRONMENT "EDIT_DATASET=$<TARGET_FILE:edit_dataset>")
 hpc_train_add_script_test(NAME test_end_to_end SCRIPT test_end_to_end.sh TIMEOUT 600)
+# --version against what this configure step found (an independent source for each version).
+hpc_train_add_script_test(NAME test_version SCRIPT test_version.sh TIMEOUT 180)
+set_property(TEST test_version APPEND PROPERTY ENVIRONMENT
+  "EXPECT_TORCH_VERSION=${Torch_VERSION}" "EXPECT_BOOST_VERSION=${Boost_VERSION_STRING}"
+  "EXPECT_HDF5_VERSION=${HDF5_VERSION}" "EXPECT_HDF5_PARALLEL=${HDF5_IS_PARALLEL}"
+  "EXPECT_BUILD_TYPE=${CMAKE_BUILD_TYPE}"
+  "EXPECT_GPU_BUILD=${HPC_TRAIN_GPU_BUILD}")
 
 hpc_train_add_test(NAME test_buckets SOURCES test_buckets.cpp RANKS 1)
 hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300

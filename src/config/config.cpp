@@ -309,7 +309,7 @@ po::options_description command_line_options(const TrainConfig& defaults) {
   po::options_description all(kHelpWidth, kHelpDescriptionWidth);
   po::options_description general("General", kHelpWidth, kHelpDescriptionWidth);
   general.add_options()("help,h", "print this help and exit")(
-      "version", "print the version and exit")(
+      "version", "print the version, the commit and the libraries built with (LibTorch, CUDA, cuDNN, NCCL, MPI, HDF5, ...) and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
       "read options from this INI file")(
       "deepspeed-config", po::value<std::string>()->value_name("FILE"),
@@ -538,10 +538,13 @@ CommandLine parse_command_line(int argc, const char* const argv[]) {
     po::store(parsed, given);
 
     CommandLine result;
-    if (given.count("help") || given.count("version")) {
+    if (given.count("help")) {
       result.action = CommandLine::Action::kPrintAndExit;
-      result.text = given.count("help") ? help_text(options)
-                                        : std::string("hpc_train ") + HPC_TRAIN_VERSION + "\n";
+      result.text = help_text(options);
+      return result;
+    }
+    if (given.count("version")) {
+      result.action = CommandLine::Action::kPrintBuild;  // the libraries' versions: build_info.h
       return result;
     }
     // Note: every option given on the command line is recorded, general ones included, so that

@@ -86,7 +86,8 @@ check_module() (
   [ "$(command -v hpc_train)" = "$prefix/bin/hpc_train" ] ||
     fail "hpc_train on PATH is '$(command -v hpc_train)', not $prefix/bin/hpc_train"
   [ "$(command -v hpc_train_data)" = "$prefix/bin/hpc_train_data" ] || fail "hpc_train_data on PATH"
-  [ "$(hpc_train --version)" = "hpc_train 0.1.0" ] || fail "hpc_train --version: $(hpc_train --version)"
+  hpc_train --version | head -n 1 | grep -q '^hpc_train 0.1.0 (commit ' ||
+    fail "hpc_train --version: $(hpc_train --version)"
   [ "${HPC_TRAIN_ROOT:-}" = "$prefix" ] || fail "HPC_TRAIN_ROOT is '${HPC_TRAIN_ROOT:-}', not $prefix"
   [[ "${LD_LIBRARY_PATH:-}:" == "$prefix/lib:"* ]] || fail "LD_LIBRARY_PATH: ${LD_LIBRARY_PATH:-}"
   module help hpc_train 2>&1 | grep -q 'hpc_train 0.1.0: data-parallel training' || fail "module help"

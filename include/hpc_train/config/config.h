@@ -103,9 +103,10 @@ struct DeepSpeedImport {
 
 // What the command line asked for.
 struct CommandLine {
-  enum class Action { kTrain, kPrintAndExit };
+  // kPrintAndExit: print `text` (--help) on rank 0; kPrintBuild: --version, the build report.
+  enum class Action { kTrain, kPrintAndExit, kPrintBuild };
   Action action = Action::kTrain;
-  std::string text;  // for kPrintAndExit: --help or --version text, to print on rank 0
+  std::string text;  // for kPrintAndExit: the --help text
   TrainConfig config;
   std::string config_file;  // --config FILE, empty when none
   DeepSpeedImport deepspeed;

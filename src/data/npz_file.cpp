@@ -433,6 +433,20 @@ std::vector<int64_t> labels_of(const NpyArray& y, int64_t expected_count, const 
 
 DatasetContents read_npz_dataset(const std::string& path, const ConvertOptions& options) {
   const std::vector<ZipEntry> entries = read_zip_directory(path);
+  // The four arrays live in memory together (read_zip_member checks each alone): refuse before
+  // reading any when their sum cannot fit.
+  uint64_t total_bytes = 0;
+  for (const ZipEntry& entry : entries)
+    for (const char* name : kArrayNames)
+      if (entry.name == std::string(name) + ".npy" &&
+          __builtin_add_overflow(total_bytes, entry.uncompressed_bytes, &total_bytes))
+        total_bytes = UINT64_MAX;
+  const int64_t memory_bytes = physical_memory_bytes();
+  if (memory_bytes > 0 && total_bytes > static_cast<uint64_t>(memory_bytes))
+    throw DataError(path + ": x_train, y_train, x_test and y_test are " +
+                    memory_text(static_cast<double>(total_bytes)) +
+                    " uncompressed, more than this machine's memory (" +
+                    memory_text(static_cast<double>(memory_bytes)) + ")");
   std::vector<NpyArray> arrays;
   for (const char* name : kArrayNames) {
     const std::string member = std::string(name) + ".npy";

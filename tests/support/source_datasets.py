@@ -224,29 +224,21 @@ def bad_npz(case, path):
             at = data.find(b"x_train.npy") + len("x_train.npy") + 200
             data[at] ^= 0xFF
         elif case == "truncated-deflate":
-            # The directory says more compressed bytes than the stream has: cut the deflate data of
-            # the first member short, keeping the zip's structure (rewrite y_train.npy's bytes as
-            # a stream that ends early).
-            raw = zipfile.ZipFile(io.BytesIO(bytes(data)))
-            members = {n: raw.read(n) for n in raw.namelist()}
+            # x_train.npy alone, deflated, its stream cut in half (zero padding after it): the
+            # directory's sizes and CRC are those of the whole member.
             import zlib
-            out = io.BytesIO()
-            with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-                for name, content in members.items():
-                    z.writestr(name, content)
-            data = bytearray(out.getvalue())
+            content = npy_bytes(arrays["x_train"])
             compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-            stream = compressor.compress(members["x_train.npy"]) + compressor.flush()
-            cut = stream[: len(stream) // 2]
-            data = patch_member_deflated(data, "x_train.npy", cut, members["x_train.npy"])
+            stream = compressor.compress(content) + compressor.flush()
+            data = patch_member_deflated("x_train.npy", stream[: len(stream) // 2], content)
         elif case == "absurd-shape":
-            replace_member_in_place = npy_bytes(arrays["x_train"])
-            header = replace_member_in_place.replace(
-                b"(40, 5, 4, 3)", b"(4611686018427387904, 4, 4, 3)".ljust(13))
-            f2 = bytes(header)
+            # A .npy header of 2^62 x 4 x 4 x 3 bytes (over 2^64): the product overflows.
+            header = b"{'descr': '|u1', 'fortran_order': False, 'shape': (4611686018427387904, 4, 4, 3), }"
+            header = header.ljust(127 - 10) + b"\n"
+            member = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(48)
             with open(path, "wb") as f:
                 f.write(data)
-            replace_member(path, "x_train.npy", f2)
+            replace_member(path, "x_train.npy", member)
             return
         elif case == "absurd-member":
             # x_train.npy claims to be deflated to 4 GiB in the central directory.
@@ -260,9 +252,9 @@ def bad_npz(case, path):
     write_npz(path, arrays, False)
 
 
-def patch_member_deflated(data, member, stream, content):
+def patch_member_deflated(member, stream, content):
     """A zip of one member deflated into `stream` (which may be cut) whose directory sizes and CRC
-    are those of `content`: the other members are dropped, enough for a refusal test."""
+    are those of `content`: the only member, enough for a refusal test."""
     import zlib
     name = member.encode()
     crc = zlib.crc32(content)

@@ -17,7 +17,8 @@ build_dir=${HPC_TRAIN_BUILD_DIR:-build}
 # reference (ctest -L models) and script the TorchScript modules of the tests.
 packages=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libopenmpi-dev
           openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev nlohmann-json3-dev
-          zlib1g-dev libgtest-dev dataset-fashion-mnist python3 slurm-wlm munge lmod
+          zlib1g-dev libgtest-dev dataset-fashion-mnist python3 python3-numpy python3-h5py
+          slurm-wlm munge lmod
           clang libclang-rt-dev python3-torch python3-torchvision)
 
 install_missing_packages() {

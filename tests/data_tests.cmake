@@ -13,3 +13,25 @@ hpc_train_add_script_test(NAME test_data_tool SCRIPT test_data_tool.sh LABELS da
 hpc_train_add_test(NAME test_hdf5_attributes SOURCES test_hdf5_attributes.cpp RANKS 1
   LABELS data TIMEOUT 60)
 target_include_directories(test_hdf5_attributes PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# convert npz and convert cifar10-python against files written by numpy and Python's pickle
+# (tests/support/source_datasets.py): a python3 that imports numpy and h5py (Debian:
+# python3-numpy python3-h5py), the first on the PATH, else Debian's own, which a python3 earlier
+# on the PATH (pyenv, a virtual environment) may hide.
+set(HPC_TRAIN_NUMPY_PYTHON "" CACHE FILEPATH "Python with numpy and h5py (tests)")
+if(NOT HPC_TRAIN_NUMPY_PYTHON)
+  foreach(candidate python3 /usr/bin/python3)
+    execute_process(COMMAND ${candidate} -c "import numpy, h5py" RESULT_VARIABLE imports
+                    OUTPUT_QUIET ERROR_QUIET)
+    if(imports EQUAL 0)
+      set(HPC_TRAIN_NUMPY_PYTHON ${candidate} CACHE FILEPATH "Python with numpy and h5py (tests)"
+          FORCE)
+      break()
+    endif()
+  endforeach()
+endif()
+hpc_train_add_script_test(NAME test_convert_sources SCRIPT test_convert_sources.sh LABELS data
+  TIMEOUT 180)
+if(HPC_TRAIN_NUMPY_PYTHON)
+  set_property(TEST test_convert_sources APPEND PROPERTY ENVIRONMENT
+    "HPC_TRAIN_NUMPY_PYTHON=${HPC_TRAIN_NUMPY_PYTHON}")
+endif()

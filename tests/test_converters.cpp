@@ -9,6 +9,8 @@
 
 #include "hpc_train/data/converters.h"
 #include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/npz_file.h"
+#include "hpc_train/data/pickle_reader.h"
 #include "hpc_train/error.h"
 
 using namespace hpc_train;
@@ -328,4 +330,100 @@ TEST(SourceFormat, Names) {
   EXPECT_EQ(parse_source_format("mnist"), SourceFormat::kMnist);
   EXPECT_EQ(parse_source_format("cifar10"), SourceFormat::kCifar10);
   EXPECT_THROW(parse_source_format("cifar100"), ConfigError);
+}
+
+// --- The npz and pickle parsers on bytes written here: what numpy and pickle do not write (and
+// test_convert_sources.sh therefore cannot reach).
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+
+// A .npy member of format `version` with `header` (padded as numpy pads) and `data_bytes` zeros.
+std::vector<uint8_t> npy(int version, const std::string& header, size_t data_bytes) {
+  std::string out = std::string("\x93NUMPY", 6) + static_cast<char>(version) + '\0';
+  const size_t length_bytes = version == 1 ? 2 : 4;
+  std::string padded = header;
+  while ((out.size() + length_bytes + padded.size() + 1) % 64 != 0) padded += ' ';
+  padded += '\n';
+  for (size_t i = 0; i < length_bytes; ++i) out += static_cast<char>((padded.size() >> (8 * i)) & 0xff);
+  out += padded;
+  out.append(data_bytes, '\0');
+  return bytes_of(out);
+}
+
+}  // namespace
+
+TEST(NpyParse, VersionsOneTwoThree) {
+  for (int version : {1, 2, 3}) {
+    const NpyArray array = parse_npy(
+        "f.npz: x.npy", npy(version, "{'descr': '<i2', 'fortran_order': False, 'shape': (3, 2), }", 12));
+    EXPECT_EQ(array.descr, "<i2");
+    EXPECT_EQ(array.kind, 'i');
+    EXPECT_EQ(array.item_bytes, 2);
+    EXPECT_EQ(array.shape, (std::vector<int64_t>{3, 2}));
+    EXPECT_EQ(array.count(), 6);
+  }
+  expect_data_error([] { parse_npy("f.npz: x.npy", npy(4, "{}", 0)); },
+                    {"f.npz: x.npy", "version 4"});
+}
+
+TEST(NpyParse, Refusals) {
+  const std::string where = "f.npz: x.npy";
+  expect_data_error([&] { parse_npy(where, bytes_of("PK\x03\x04 not npy")); }, {where, "magic"});
+  expect_data_error(
+      [&] { parse_npy(where, npy(1, "{'descr': [('a', '<i4')], 'fortran_order': False, 'shape': (1,), }", 4)); },
+      {where, "structured"});
+  expect_data_error(
+      [&] { parse_npy(where, npy(1, "{'descr': '|u1', 'shape': (1,), }", 1)); },
+      {where, "lacks one of"});
+  expect_data_error(
+      [&] { parse_npy(where, npy(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (-1,), }", 1)); },
+      {where, "not a non-negative integer"});
+  expect_data_error(
+      [&] { parse_npy(where, npy(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (99999999999999999999,), }", 1)); },
+      {where, "over 2^63"});
+  expect_data_error(
+      [&] { parse_npy(where, npy(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", 5)); },
+      {where, "too long: 5 data bytes"});
+}
+
+namespace {
+
+Pickle parse(const std::string& bytes) {
+  return parse_pickle("p.pkl", reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+}  // namespace
+
+TEST(PickleParse, IntegersAndMemo) {
+  // [LONG1 -2, BININT2 513, BININT -7, the list itself again (BINGET 0: a cycle, freed once)]
+  static const char kBytes[] = "\x80\x02]q\x00(\x8a\x01\xfeM\x01\x02J\xf9\xff\xff\xffh\x00" "e.";
+  const Pickle pickle = parse(std::string(kBytes, sizeof kBytes - 1));
+  ASSERT_EQ(pickle.root->kind, PickleValue::Kind::kList);
+  ASSERT_EQ(pickle.root->items.size(), 4u);
+  EXPECT_EQ(pickle.root->items[0]->integer, -2);
+  EXPECT_EQ(pickle.root->items[1]->integer, 513);
+  EXPECT_EQ(pickle.root->items[2]->integer, -7);
+  EXPECT_EQ(pickle.root->items[3], pickle.root);
+}
+
+TEST(PickleParse, Refusals) {
+  expect_data_error([] { parse("\x80\x02" "cos\nsystem\n."); }, {"p.pkl", "global os.system"});
+  expect_data_error([] { parse(std::string("\x80\x02G\0\0\0\0\0\0\0\0.", 12)); },
+                    {"p.pkl", "opcode 0x47 ('G')", "at byte 2"});
+  expect_data_error([] { parse("\x80\x02h\x05."); }, {"p.pkl", "memo index 5"});
+  expect_data_error([] { parse(std::string("\x80\x02\x8a\x09\0\0\0\0\0\0\0\0\0.", 14)); },
+                    {"p.pkl", "over 64 bits"});
+  expect_data_error([] { parse("\x80\x02]"); }, {"p.pkl", "truncated pickle"});
+  expect_data_error([] { parse("\x80\x02" "a."); }, {"p.pkl", "empty stack"});
+  expect_data_error([] { parse("\x80\x06."); }, {"p.pkl", "protocol 6"});
+}
+
+TEST(SourceFormat, NewNamesAndLayouts) {
+  EXPECT_EQ(parse_source_format("cifar10-python"), SourceFormat::kCifar10Python);
+  EXPECT_EQ(parse_source_format("npz"), SourceFormat::kNpz);
+  EXPECT_EQ(parse_image_layout("nhwc"), ImageLayout::kNhwc);
+  EXPECT_EQ(parse_image_layout("nchw"), ImageLayout::kNchw);
+  EXPECT_THROW(parse_image_layout("chw"), ConfigError);
 }

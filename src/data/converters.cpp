@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "data/source_formats.h"
 #include "io/hdf5_attributes.h"
 #include "io/hdf5_util.h"
 #include "hpc_train/error.h"
@@ -32,42 +33,6 @@ const std::vector<std::string> kMnistClasses = {"0", "1", "2", "3", "4",
 const std::vector<std::string> kCifar10Classes = {"airplane", "automobile", "bird", "cat",
                                                   "deer",     "dog",        "frog", "horse",
                                                   "ship",     "truck"};
-
-// Throws unless `path` is a regular file; false when it does not exist.
-bool regular_file_exists(const std::string& path) {
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  if (status.type() == fs::file_type::not_found) return false;
-  if (error) throw DataError(path + ": cannot access: " + error.message());
-  if (status.type() == fs::file_type::directory)
-    throw DataError(path + ": is a directory, expected a file");
-  if (status.type() != fs::file_type::regular) throw DataError(path + ": not a regular file");
-  return true;
-}
-
-// The whole file, inflated if it is gzip (zlib reads other files through unchanged).
-std::vector<uint8_t> read_whole_file(const std::string& path) {
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (!file) throw DataError(path + ": cannot open");
-  std::vector<uint8_t> bytes;
-  // Appended as read: growing `bytes` by a zero-filled block before each read cost more than the
-  // read itself for small files (the fuzz target of the converters ran at 60 inputs/s).
-  std::vector<uint8_t> block(1 << 16);
-  while (true) {
-    const int got = gzread(file, block.data(), static_cast<unsigned>(block.size()));
-    int zlib_error = Z_OK;
-    const char* message = gzerror(file, &zlib_error);
-    if (got < 0 || (zlib_error != Z_OK && zlib_error != Z_STREAM_END)) {
-      const std::string text = message ? message : "read error";
-      gzclose(file);
-      throw DataError(path + ": cannot read (truncated or corrupt gzip?): " + text);
-    }
-    if (got == 0) break;
-    bytes.insert(bytes.end(), block.begin(), block.begin() + got);
-  }
-  gzclose(file);
-  return bytes;
-}
 
 uint32_t big_endian_u32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
@@ -126,22 +91,6 @@ IdxArray read_idx(const std::string& dir, const std::string& name, uint32_t expe
                     std::to_string(expected_bytes));
   array.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header_bytes), bytes.end());
   return array;
-}
-
-void check_labels(const std::string& path, const std::vector<int64_t>& labels,
-                  int64_t num_classes) {
-  for (size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] < 0 || labels[i] >= num_classes)
-      throw DataError(path + ": label[" + std::to_string(i) + "] = " + std::to_string(labels[i]) +
-                      " is outside [0, " + std::to_string(num_classes) + ")");
-}
-
-// Keeps the first `max` samples (all when max < 0).
-void keep_first(std::vector<uint8_t>& images, std::vector<int64_t>& labels, int64_t sample_bytes,
-                int64_t max) {
-  if (max < 0 || max >= static_cast<int64_t>(labels.size())) return;
-  labels.resize(static_cast<size_t>(max));
-  images.resize(static_cast<size_t>(max * sample_bytes));
 }
 
 // One IDX split: images [N, H, W] and labels [N] of the same N.
@@ -210,19 +159,80 @@ void read_cifar_file(const std::string& path, std::vector<uint8_t>& images,
 
 }  // namespace
 
+bool regular_file_exists(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (status.type() == fs::file_type::not_found) return false;
+  if (error) throw DataError(path + ": cannot access: " + error.message());
+  if (status.type() == fs::file_type::directory)
+    throw DataError(path + ": is a directory, expected a file");
+  if (status.type() != fs::file_type::regular) throw DataError(path + ": not a regular file");
+  return true;
+}
+
+// zlib reads files that are not gzip through unchanged.
+std::vector<uint8_t> read_whole_file(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw DataError(path + ": cannot open");
+  std::vector<uint8_t> bytes;
+  // Appended as read: growing `bytes` by a zero-filled block before each read cost more than the
+  // read itself for small files (the fuzz target of the converters ran at 60 inputs/s).
+  std::vector<uint8_t> block(1 << 16);
+  while (true) {
+    const int got = gzread(file, block.data(), static_cast<unsigned>(block.size()));
+    int zlib_error = Z_OK;
+    const char* message = gzerror(file, &zlib_error);
+    if (got < 0 || (zlib_error != Z_OK && zlib_error != Z_STREAM_END)) {
+      const std::string text = message ? message : "read error";
+      gzclose(file);
+      throw DataError(path + ": cannot read (truncated or corrupt gzip?): " + text);
+    }
+    if (got == 0) break;
+    bytes.insert(bytes.end(), block.begin(), block.begin() + got);
+  }
+  gzclose(file);
+  return bytes;
+}
+
+void check_labels(const std::string& path, const std::vector<int64_t>& labels,
+                  int64_t num_classes) {
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= num_classes)
+      throw DataError(path + ": label[" + std::to_string(i) + "] = " + std::to_string(labels[i]) +
+                      " is outside [0, " + std::to_string(num_classes) + ")");
+}
+
+void keep_first(std::vector<uint8_t>& images, std::vector<int64_t>& labels, int64_t sample_bytes,
+                int64_t max) {
+  if (max < 0 || max >= static_cast<int64_t>(labels.size())) return;
+  labels.resize(static_cast<size_t>(max));
+  images.resize(static_cast<size_t>(max * sample_bytes));
+}
+
 SourceFormat parse_source_format(const std::string& name) {
   if (name == "fashion-mnist") return SourceFormat::kFashionMnist;
   if (name == "mnist") return SourceFormat::kMnist;
   if (name == "cifar10") return SourceFormat::kCifar10;
+  if (name == "cifar10-python") return SourceFormat::kCifar10Python;
+  if (name == "npz") return SourceFormat::kNpz;
   throw ConfigError("unknown dataset format '" + name +
-                    "'; known formats: fashion-mnist, mnist, cifar10");
+                    "'; known formats: fashion-mnist, mnist, cifar10, cifar10-python, npz");
+}
+
+ImageLayout parse_image_layout(const std::string& name) {
+  if (name == "nhwc") return ImageLayout::kNhwc;
+  if (name == "nchw") return ImageLayout::kNchw;
+  throw ConfigError("unknown image layout '" + name + "'; known layouts: nhwc, nchw");
 }
 
 DatasetContents read_source_dataset(SourceFormat format, const std::string& source_dir,
                                     const ConvertOptions& options) {
+  if (format == SourceFormat::kNpz) return read_npz_dataset(source_dir, options);
   std::error_code error;
   if (!fs::is_directory(source_dir, error))
     throw DataError(source_dir + ": no such directory (the dataset's source files go there)");
+  if (format == SourceFormat::kCifar10Python)
+    return read_cifar10_python_dataset(source_dir, options);
   DatasetContents contents;
   DatasetInfo& info = contents.info;
   info.num_classes = kTenClasses;

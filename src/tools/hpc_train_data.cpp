@@ -2,7 +2,9 @@
 // such files, and exports a checkpoint's weights. A single-process tool: no MPI start-up, no
 // Runtime.
 //
-//   hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] [--max-test N]
+//   hpc_train_data convert fashion-mnist|mnist|cifar10|cifar10-python SRC_DIR OUT.h5
+//                          [--max-train N] [--max-test N]
+//   hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K]
 //   hpc_train_data inspect FILE.h5
 //   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
@@ -24,24 +26,32 @@ namespace {
 
 const char* const kUsage =
     "usage:\n"
-    "  hpc_train_data convert fashion-mnist|mnist|cifar10 SRC_DIR OUT.h5 [--max-train N] "
-    "[--max-test N]\n"
+    "  hpc_train_data convert fashion-mnist|mnist|cifar10|cifar10-python SRC_DIR OUT.h5 "
+    "[--max-train N] [--max-test N]\n"
+    "  hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K] "
+    "[--max-train N] [--max-test N]\n"
     "  hpc_train_data inspect FILE.h5\n"
     "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
     "\n"
     "convert reads the published files in SRC_DIR (IDX: train-images-idx3-ubyte,\n"
     "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz;\n"
-    "CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin) and writes OUT.h5 (layout:\n"
-    "data/README.md). inspect prints a summary of a dataset file. export writes the model\n"
+    "CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin; CIFAR-10 python:\n"
+    "cifar-10-batches-py/ with data_batch_1..5, test_batch, batches.meta) or the numpy .npz\n"
+    "file (x_train, y_train, x_test, y_test: uint8 images N,H,W,C (--layout nhwc, the\n"
+    "default), N,C,H,W (nchw) or N,H,W; integer labels; classes = the largest label + 1\n"
+    "unless --num-classes) and writes OUT.h5 (layout: data/README.md). inspect prints a summary of a dataset file. export writes the model\n"
     "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
     "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
 
-int convert(const std::vector<std::string>& args, const ConvertOptions& options) {
+int convert(const std::vector<std::string>& args, const ConvertOptions& options,
+            bool npz_options_given) {
   if (args.size() != 3)
     throw ConfigError("convert takes FORMAT SRC_DIR OUT.h5 (got " + std::to_string(args.size()) +
                       " arguments)");
   const SourceFormat format = parse_source_format(args[0]);
+  if (npz_options_given && format != SourceFormat::kNpz)
+    throw ConfigError("--layout and --num-classes belong to convert npz");
   DatasetContents contents = read_source_dataset(format, args[1], options);
   const DatasetInfo source = contents.info;
   const size_t train = contents.train_labels.size(), test = contents.test_labels.size();
@@ -72,13 +82,18 @@ int export_weights(const std::vector<std::string>& args) {
 }
 
 int run(int argc, char** argv) {
-  int64_t max_train = -1, max_test = -1;
+  int64_t max_train = -1, max_test = -1, num_classes = -1;
+  std::string layout = "nhwc";
   po::options_description visible("options");
   visible.add_options()
       ("help,h", "print this help and exit")
       ("version", "print the version and exit")
       ("max-train", po::value<int64_t>(&max_train), "convert: keep only the first N train samples")
-      ("max-test", po::value<int64_t>(&max_test), "convert: keep only the first N test samples");
+      ("max-test", po::value<int64_t>(&max_test), "convert: keep only the first N test samples")
+      ("layout", po::value<std::string>(&layout),
+       "convert npz: the axes of 4-D image arrays, nhwc (default) or nchw")
+      ("num-classes", po::value<int64_t>(&num_classes),
+       "convert npz: the number of classes (default: the largest label + 1)");
   po::options_description hidden;
   hidden.add_options()
       ("command", po::value<std::string>())
@@ -114,10 +129,15 @@ int run(int argc, char** argv) {
       if (value < 0)
         throw ConfigError(std::string("--") + name + " must be >= 0, got " + std::to_string(value));
     }
-    return convert(args, ConvertOptions{max_train, max_test});
+    if (vm.count("num-classes") && (num_classes < 1 || num_classes > kMaxDerivedClasses))
+      throw ConfigError("--num-classes must be in [1, " + std::to_string(kMaxDerivedClasses) +
+                        "], got " + std::to_string(num_classes));
+    const ConvertOptions options{max_train, max_test, parse_image_layout(layout), num_classes};
+    return convert(args, options, vm.count("layout") || vm.count("num-classes"));
   }
-  if (vm.count("max-train") || vm.count("max-test"))
-    throw ConfigError("--max-train and --max-test belong to convert");
+  if (vm.count("max-train") || vm.count("max-test") || vm.count("layout") ||
+      vm.count("num-classes"))
+    throw ConfigError("--max-train, --max-test, --layout and --num-classes belong to convert");
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
     std::fputs(describe_dataset_file(args[0]).c_str(), stdout);

@@ -25,3 +25,7 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_graph_replay_timeout SCRIPT test_graph_replay_timeout.sh
                             TIMEOUT 300 LABELS gpu)
 endif()
+
+# The monitors' writers (TensorBoard event files, DeepSpeed's CSV layout) on known bytes.
+hpc_train_add_test(NAME test_tensorboard_events SOURCES test_tensorboard_events.cpp RANKS 1
+                   LIBS hpc_train_core TIMEOUT 60)

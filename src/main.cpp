@@ -81,6 +81,12 @@ int main(int argc, char** argv) {
 
     TrainerOutput output;
     output.run_dir = config.run_dir;
+    if (config.tensorboard)
+      output.tensorboard_dir = monitor_directory(config.tensorboard_output_path,
+                                                 config.tensorboard_job_name, config.run_dir);
+    if (config.csv_monitor)
+      output.csv_monitor_dir = monitor_directory(config.csv_monitor_output_path,
+                                                 config.csv_monitor_job_name, config.run_dir);
     output.progress_bar =
         config.progress == ProgressStyle::kBar ||
         (config.progress == ProgressStyle::kAuto && stdout_is_terminal());

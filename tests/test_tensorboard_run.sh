@@ -47,4 +47,13 @@ grep -q "'gradient_accumulation_steps' is \"auto\": --grad-accum 1" ds.err
 timeout 250 "$MPIEXEC" -np 1 "$HPC_TRAIN" --dataset small.h5 --epochs 1 --max-steps 2 \
   --run-dir run-off --tensorboard off > off.out
 [ ! -e run-off/tensorboard ] || { echo "--tensorboard off wrote run-off/tensorboard"; exit 1; }
+# A folder that cannot be made stops the job before training: exit 2, naming the options.
+set +e
+timeout 250 "$MPIEXEC" -np 2 --oversubscribe "$HPC_TRAIN" --dataset small.h5 --epochs 1 \
+  --max-steps 2 --run-dir run-bad --tensorboard-output-path small.h5 > bad.out 2> bad.err
+rc=$?
+set -e
+grep -q -- "--tensorboard-output-path/--tensorboard-job-name small.h5/tensorboard: cannot create" bad.err \
+  && [ "$rc" -eq 2 ] || { echo "uncreatable TensorBoard folder: exit $rc"; cat bad.err; exit 1; }
+[ ! -e run-bad/metrics.jsonl ] || { echo "run-bad trained although its TensorBoard folder failed"; exit 1; }
 echo "tensorboard run passed"

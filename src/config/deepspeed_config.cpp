@@ -109,7 +109,8 @@ struct MathKey {
   const char* why;
 };
 const MathKey kMathTopLevelKeys[] = {
-    {"amp", nullptr, "NVIDIA Apex AMP changes the arithmetic's precision; use \"fp16\" or \"bf16\""},
+    {"amp", nullptr,
+     "NVIDIA Apex AMP changes the arithmetic's precision; use \"fp16\" or \"bf16\""},
     {"torch_autocast", nullptr,
      "autocast changes the arithmetic's precision; use \"fp16\" or \"bf16\" (the model's dtype)"},
     {"bfloat16", nullptr, "older DeepSpeed's name for \"bf16\"; write \"bf16\""},
@@ -381,7 +382,7 @@ class Importer {
           if (key == ignored) warn("'" + key + "' is ignored: " + reason);
         }
         for (const auto& [monitor, reason] : kUnimplementedMonitors) {
-          if (key == monitor && !disabled_block(item.value())) ignored_key(key, reason);
+          if (key == monitor) ignored_key(key, reason);
         }
         continue;
       }
@@ -435,7 +436,8 @@ class Importer {
   // "auto" for a key that sets nothing here (an accepted no-op).
   bool auto_no_op(const json& value, const std::string& key) {
     if (!is_auto(value)) return false;
-    auto_keys_.emplace_back(key, [] { return std::string("nothing to set (accepted, no effect)"); });
+    auto_keys_.emplace_back(key,
+                            [] { return std::string("nothing to set (accepted, no effect)"); });
     return true;
   }
 
@@ -571,8 +573,10 @@ class Importer {
       }
       // auto_cast casts the model's inputs to fp16; hpc_train always casts a batch to the model
       // dtype on the device, so either value is what happens here.
-      if (const json* value = member(block, "auto_cast"); value && !auto_no_op(*value, "fp16.auto_cast"))
+      if (const json* value = member(block, "auto_cast");
+          value && !auto_no_op(*value, "fp16.auto_cast")) {
         boolean(*value, "fp16.auto_cast");
+      }
       if (const json* value = member(block, "consecutive_hysteresis");
           value && !auto_no_op(*value, "fp16.consecutive_hysteresis")) {
         if (boolean(*value, "fp16.consecutive_hysteresis")) {
@@ -639,7 +643,8 @@ class Importer {
     }
     const bool type_auto =
         left_to_us(*type_value, "optimizer.type", "optimizer", &TrainConfig::optimizer);
-    const std::string type = type_auto ? to_string(config_.optimizer) : text(*type_value, "optimizer.type");
+    const std::string type =
+        type_auto ? to_string(config_.optimizer) : text(*type_value, "optimizer.type");
     std::string lower = type;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -780,7 +785,8 @@ class Importer {
       set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kWarmup);
       // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
       if (const json* max_lr = member(params, "warmup_max_lr");
-          max_lr && !left_to_us(*max_lr, "scheduler.params.warmup_max_lr", "lr", &TrainConfig::lr)) {
+          max_lr &&
+          !left_to_us(*max_lr, "scheduler.params.warmup_max_lr", "lr", &TrainConfig::lr)) {
         const double lr = number(*max_lr, "scheduler.params.warmup_max_lr");
         const json* optimizer = member(root, "optimizer");
         const json* params_of_optimizer = optimizer ? member(*optimizer, "params") : nullptr;
@@ -886,7 +892,8 @@ class Importer {
                Unknown::kWarn);
     if (const json* stage_value = member(block, "stage");
         stage_value &&
-        !left_to_us(*stage_value, "zero_optimization.stage", "zero-stage", &TrainConfig::zero_stage)) {
+        !left_to_us(*stage_value, "zero_optimization.stage", "zero-stage",
+                    &TrainConfig::zero_stage)) {
       const int64_t stage = whole(*stage_value, "zero_optimization.stage");
       if (stage < 0 || stage > 2) {
         throw ConfigError(where() + "'zero_optimization.stage' " + std::to_string(stage) +
@@ -1114,8 +1121,10 @@ class Importer {
   }
 
   void apply_batch(const json& root) {
-    if (const json* value = member(root, "train_micro_batch_size_per_gpu"))
-      left_to_us(*value, "train_micro_batch_size_per_gpu", "micro-batch", &TrainConfig::micro_batch);
+    if (const json* value = member(root, "train_micro_batch_size_per_gpu")) {
+      left_to_us(*value, "train_micro_batch_size_per_gpu", "micro-batch",
+                 &TrainConfig::micro_batch);
+    }
     if (const json* value = member(root, "gradient_accumulation_steps"))
       left_to_us(*value, "gradient_accumulation_steps", "grad-accum", &TrainConfig::grad_accum);
     if (const json* value = member(root, "train_batch_size"); value && is_auto(*value)) {

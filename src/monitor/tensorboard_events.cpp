@@ -55,7 +55,8 @@ void put_varint(std::string& out, uint64_t value) {
 // Little-endian, whatever the host (TFRecord and protobuf's fixed fields are).
 template <class UInt>
 void put_fixed(std::string& out, UInt value) {
-  for (size_t i = 0; i < sizeof(UInt); ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  for (size_t i = 0; i < sizeof(UInt); ++i)
+    out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
 void put_key(std::string& out, uint32_t field, uint32_t wire_type) {
@@ -172,7 +173,8 @@ void TensorBoardWriter::write(const std::vector<ScalarEvent>& events) {
   const double now_s = wall_time_now_s();
   std::string records;
   for (const ScalarEvent& event : events)
-    records += tfrecord(event_scalar(now_s, event.step, event.tag, static_cast<float>(event.value)));
+    records +=
+        tfrecord(event_scalar(now_s, event.step, event.tag, static_cast<float>(event.value)));
   out_ << records;
   out_.flush();
   if (!out_) throw Error("cannot write to " + path_);

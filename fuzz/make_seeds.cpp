@@ -227,6 +227,18 @@ void deepspeed_config_seeds() {
       {"warmup_bf16", R"({"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.002,
  "warmup_num_steps": 50, "warmup_type": "log"}}, "zero_optimization": {"stage": 0}})"},
+      // Hugging Face's template style ("auto"), the monitor blocks, and keys that only warn.
+      {"hf_auto_monitors", R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+ "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+ "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+ "weight_decay": "auto"}},
+ "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+ "warmup_num_steps": "auto"}},
+ "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "sub_group_size": 1e9},
+ "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "job"},
+ "csv_monitor": {"enabled": true}, "wandb": {"enabled": true}, "flops_profiler": {},
+ "prescale_gradients": false})"},
   };
   for (const auto& [name, text] : seeds) {
     const std::string path = fuzz::scratch_path(std::string(name) + ".json");

@@ -6,7 +6,7 @@
 //   build    -> what this binary was built with (--version, the log header, summary.json)
 //                                                                    (build_info.h)
 //   placement -> every rank's device and backend, agreed by all     (placement.h)
-//   run dir  -> config.ini, metrics.jsonl, summary.json             (run_dir.h)
+//   run dir  -> config.ini, metrics.jsonl, summary.json, monitors   (run_dir.h)
 //   data     -> the HDF5 dataset, opened and validated on every rank (dataset_file.h), and the
 //               configuration checked against it                     (config.h)
 //   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
@@ -89,6 +89,18 @@ int main(int argc, char** argv) {
 
     TrainerOutput output;
     output.run_dir = config.run_dir;
+    if (config.tensorboard) {
+      output.tensorboard_dir = monitor_directory(config.tensorboard_output_path,
+                                                 config.tensorboard_job_name, config.run_dir);
+      create_output_directory(runtime, output.tensorboard_dir,
+                              "--tensorboard-output-path/--tensorboard-job-name");
+    }
+    if (config.csv_monitor) {
+      output.csv_monitor_dir = monitor_directory(config.csv_monitor_output_path,
+                                                 config.csv_monitor_job_name, config.run_dir);
+      create_output_directory(runtime, output.csv_monitor_dir,
+                              "--csv-monitor-output-path/--csv-monitor-job-name");
+    }
     output.progress_bar =
         config.progress == ProgressStyle::kBar ||
         (config.progress == ProgressStyle::kAuto && stdout_is_terminal());

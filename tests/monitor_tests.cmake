@@ -25,3 +25,12 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_graph_replay_timeout SCRIPT test_graph_replay_timeout.sh
                             TIMEOUT 300 LABELS gpu)
 endif()
+
+# The monitors' writers (TensorBoard event files, DeepSpeed's CSV layout) on known bytes.
+hpc_train_add_test(NAME test_tensorboard_events SOURCES test_tensorboard_events.cpp RANKS 1
+                   LIBS hpc_train_core TIMEOUT 60)
+# A real run's TensorBoard and CSV monitor files against metrics.jsonl, read by an independent
+# reader (Python with python3-protobuf; skipped where that is missing), and DeepSpeed's monitor
+# blocks.
+hpc_train_add_script_test(NAME test_tensorboard_run SCRIPT test_tensorboard_run.sh TIMEOUT 400)
+set_tests_properties(test_tensorboard_run PROPERTIES SKIP_RETURN_CODE 77)

@@ -589,7 +589,7 @@ TEST_F(DeepSpeedConfigTest, UnknownKeys) {
                                 "here: train_batch_size, train_micro_batch_size_per_gpu, "
                                 "gradient_accumulation_steps, optimizer, scheduler, fp16, bf16, "
                                 "zero_optimization, gradient_clipping, steps_per_print, "
-                                "wall_clock_breakdown"))
+                                "tensorboard, csv_monitor, wall_clock_breakdown"))
       << message;
   EXPECT_TRUE(contains(message, "--deepspeed-allow-unknown")) << message;
   message = error(R"({"train_batch_size": 8,
@@ -597,10 +597,9 @@ TEST_F(DeepSpeedConfigTest, UnknownKeys) {
   EXPECT_TRUE(contains(message, "unknown key 'optimizer.params.foo'; known keys here: lr, betas, "
                                 "eps, weight_decay, adam_w_mode, torch_adam"))
       << message;
-  message = error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "sub_group": 1}})");
-  EXPECT_TRUE(contains(message, "unknown key 'zero_optimization.sub_group'; known keys here: "
-                                "stage, reduce_bucket_size"))
-      << message;
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+                      "params": {"warmup_num_steps": 10, "warmup_foo": 1}}})");
+  EXPECT_TRUE(contains(message, "unknown key 'scheduler.params.warmup_foo'")) << message;
 
   TrainConfig config;
   const std::vector<std::string> warnings =
@@ -610,12 +609,144 @@ TEST_F(DeepSpeedConfigTest, UnknownKeys) {
             1, config, {}, /*allow_unknown=*/true);
   EXPECT_EQ(config.lr, 0.002);
   EXPECT_EQ(config.micro_batch, 8);
-  EXPECT_TRUE(any_contains(warnings, "ignoring unknown key 'activation_checkpointing' "
-                                     "(--deepspeed-allow-unknown)"))
+  EXPECT_TRUE(any_contains(warnings, "'activation_checkpointing' is not implemented by hpc_train "
+                                     "and is ignored"))
       << joined(warnings);
   EXPECT_TRUE(any_contains(warnings, "ignoring unknown key 'optimizer.params.foo'"))
       << joined(warnings);
   EXPECT_TRUE(any_contains(warnings, "'wall_clock_breakdown' is ignored")) << joined(warnings);
+}
+
+// Note [Keys hpc_train does not implement]: keys that only watch the run, or move time and
+// memory, warn and the run goes on; keys that would change the result stay errors.
+TEST_F(DeepSpeedConfigTest, UnimplementedKeysWarnUnlessTheyChangeTheResult) {
+  TrainConfig config;
+  std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": 8, "flops_profiler": {"enabled": true},
+          "wandb": {"enabled": true, "project": "p"}, "comet": {"enabled": true},
+          "comms_logger": {"enabled": true}, "activation_checkpointing": {},
+          "zero_optimization": {"stage": 2, "sub_group_size": 1e9, "round_robin_gradients": true},
+          "prescale_gradients": false, "amp": {"enabled": false}})",
+      1, config);
+  for (const char* key : {"'flops_profiler'", "'wandb'", "'comet'", "'comms_logger'",
+                          "'activation_checkpointing'", "'zero_optimization.sub_group_size'",
+                          "'zero_optimization.round_robin_gradients'", "'prescale_gradients'",
+                          "'amp'"}) {
+    EXPECT_TRUE(any_contains(warnings, std::string(key) + " is not implemented by hpc_train and "
+                                                          "is ignored"))
+        << key << "\n" << joined(warnings);
+  }
+  EXPECT_TRUE(any_contains(warnings, "--tensorboard")) << joined(warnings);  // wandb's hint
+  EXPECT_EQ(config.zero_stage, 2);
+  EXPECT_EQ(config.micro_batch, 8);
+
+  // What would change the result if ignored.
+  std::string message = error(R"({"train_batch_size": 8, "amp": {"enabled": true}})");
+  EXPECT_TRUE(contains(message, "'amp' is not supported and would change what the run computes"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "gradient_predivide_factor": 8.0})");
+  EXPECT_TRUE(contains(message, "'gradient_predivide_factor' is not supported")) << message;
+  message = error(R"({"train_batch_size": 8, "communication_data_type": "fp16"})");
+  EXPECT_TRUE(contains(message, "'communication_data_type' is not supported")) << message;
+  message = error(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true}})");
+  EXPECT_TRUE(contains(message, "'curriculum_learning' is not supported")) << message;
+  message = error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+                      "zero_quantized_gradients": true}})");
+  EXPECT_TRUE(contains(message, "'zero_optimization.zero_quantized_gradients' true is not "
+                                "supported"))
+      << message;
+  // A misspelt known key is not silently ignored.
+  message = error(R"({"train_batch_size": 8, "gradient_cliping": 1.0})");
+  EXPECT_TRUE(contains(message, "unknown key 'gradient_cliping'")) << message;
+  // --deepspeed-allow-unknown ignores even those, with a warning.
+  TrainConfig allowed;
+  warnings = apply(R"({"train_batch_size": 8, "amp": {"enabled": true}})", 1, allowed, {},
+                   /*allow_unknown=*/true);
+  EXPECT_TRUE(any_contains(warnings, "ignoring 'amp' (--deepspeed-allow-unknown)"))
+      << joined(warnings);
+}
+
+// DeepSpeed's monitor blocks map onto --tensorboard*/--csv-monitor*; keys left out keep ours.
+TEST_F(DeepSpeedConfigTest, MonitorBlocks) {
+  TrainConfig config;
+  std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": 8,
+          "tensorboard": {"enabled": false, "output_path": "/tmp/tb", "job_name": "job1"},
+          "csv_monitor": {"enabled": true, "output_path": "logs/", "extra": 1}})",
+      1, config);
+  EXPECT_FALSE(config.tensorboard);
+  EXPECT_EQ(config.tensorboard_output_path, "/tmp/tb");
+  EXPECT_EQ(config.tensorboard_job_name, "job1");
+  EXPECT_TRUE(config.csv_monitor);
+  EXPECT_EQ(config.csv_monitor_output_path, "logs/");
+  EXPECT_EQ(config.csv_monitor_job_name, "csv_monitor");  // left out: hpc_train's
+  EXPECT_TRUE(any_contains(warnings, "'csv_monitor.extra' is not implemented")) << joined(warnings);
+  EXPECT_EQ(monitor_directory(config.tensorboard_output_path, config.tensorboard_job_name, "run"),
+            "/tmp/tb/job1");
+  EXPECT_EQ(monitor_directory("", "tensorboard", "runs/x"), "runs/x/tensorboard");
+
+  // The command line wins, as for every key.
+  TrainConfig given;
+  given.tensorboard = true;
+  warnings = apply(R"({"train_batch_size": 8, "tensorboard": {"enabled": false}})", 1, given,
+                   {"tensorboard"});
+  EXPECT_TRUE(given.tensorboard);
+  EXPECT_TRUE(any_contains(warnings, "--tensorboard true on the command line wins"))
+      << joined(warnings);
+  std::string message = error(R"({"train_batch_size": 8, "tensorboard": {"enabled": "on"}})");
+  EXPECT_TRUE(contains(message, "'tensorboard.enabled' must be true or false")) << message;
+}
+
+// Note ["auto" values]: Hugging Face's template style. "auto" leaves the value to the command
+// line, INI file or default (not DeepSpeed's default for a key left out), and says what it is.
+TEST_F(DeepSpeedConfigTest, AutoValuesLeaveTheValueToUs) {
+  TrainConfig config;
+  config.lr = 0.005;
+  config.micro_batch = 16;
+  config.grad_accum = 2;
+  config.weight_decay = 0.05;
+  config.precision = Precision::kBf16;
+  config.warmup_steps = 7;
+  config.bucket_mb = 12.5;
+  const std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+          "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 12},
+          "bf16": {"enabled": "auto"},
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto",
+                                                    "eps": "auto", "weight_decay": "auto"}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto",
+                        "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+          "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "overlap_comm": "auto",
+                                "contiguous_gradients": true},
+          "tensorboard": {"enabled": "auto"}})",
+      2, config, {"micro-batch"});
+  EXPECT_EQ(config.lr, 0.005);
+  EXPECT_EQ(config.micro_batch, 16);
+  EXPECT_EQ(config.grad_accum, 2);
+  EXPECT_EQ(config.weight_decay, 0.05);  // not FusedAdam's 0
+  EXPECT_EQ(config.beta1, 0.9);
+  EXPECT_EQ(config.precision, Precision::kBf16);
+  EXPECT_EQ(config.initial_scale_power, 12);  // given in the file
+  EXPECT_EQ(config.warmup_steps, 7);
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmup);
+  EXPECT_EQ(config.bucket_mb, 12.5);
+  EXPECT_EQ(config.zero_stage, 1);
+  EXPECT_TRUE(config.tensorboard);
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.lr' is \"auto\": --lr 0.005 (the INI file "
+                                     "or default)"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'train_micro_batch_size_per_gpu' is \"auto\": "
+                                     "--micro-batch 16 (the command line)"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'train_batch_size' is \"auto\": 64 (micro-batch 16 x "
+                                     "grad-accum 2 x 2 ranks)"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'fp16.enabled' is \"auto\": --precision bf16"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'scheduler.params.warmup_num_steps' is \"auto\": "
+                                     "--warmup-steps 7"))
+      << joined(warnings);
 }
 
 TEST_F(DeepSpeedConfigTest, WrongJsonTypes) {
@@ -626,10 +757,12 @@ TEST_F(DeepSpeedConfigTest, WrongJsonTypes) {
   message = error(R"({"train_batch_size": 64.5})");
   EXPECT_TRUE(contains(message, "'train_batch_size' must be a whole number, not number 64.5"))
       << message;
-  message = error(R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}})");
-  EXPECT_TRUE(contains(message, "'fp16.enabled' must be true or false, not string \"auto\""))
+  message = error(R"({"train_batch_size": 8, "fp16": {"enabled": "yes"}})");
+  EXPECT_TRUE(contains(message, "'fp16.enabled' must be true or false, not string \"yes\""))
       << message;
-  EXPECT_TRUE(contains(message, "Hugging Face")) << message;
+  // "auto" where hpc_train has no option to leave the value to.
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "auto"}})");
+  EXPECT_TRUE(contains(message, "'scheduler.type' \"auto\" is not supported")) << message;
   message = error(R"({"train_batch_size": 8, "optimizer": "Adam"})");
   EXPECT_TRUE(contains(message, "'optimizer' must be an object {...}, not string")) << message;
   message = error(R"({"train_batch_size": 8, "gradient_clipping": true})");

@@ -163,6 +163,18 @@ const OptionSpec kOptions[] = {
     {"run-dir", "output", &TrainConfig::run_dir, "logs, metrics; empty = runs/<UTC timestamp>"},
     {"log-every", "output", &TrainConfig::log_every, "steps between log lines and metrics"},
     {"progress", "output", &TrainConfig::progress, "auto (a bar on a terminal), bar or lines"},
+    {"tensorboard", "output", &TrainConfig::tensorboard,
+     "write TensorBoard event files (DeepSpeed's tags) in <output path>/<job name>"},
+    {"tensorboard-output-path", "output", &TrainConfig::tensorboard_output_path,
+     "TensorBoard's output path; empty = the run directory"},
+    {"tensorboard-job-name", "output", &TrainConfig::tensorboard_job_name,
+     "TensorBoard's folder under its output path"},
+    {"csv-monitor", "output", &TrainConfig::csv_monitor,
+     "write one CSV file per scalar (DeepSpeed's csv_monitor) in <output path>/<job name>"},
+    {"csv-monitor-output-path", "output", &TrainConfig::csv_monitor_output_path,
+     "the CSV monitor's output path; empty = the run directory"},
+    {"csv-monitor-job-name", "output", &TrainConfig::csv_monitor_job_name,
+     "the CSV monitor's folder under its output path"},
 };
 
 // Boost's default style, less guessing: "--epoch" must not silently mean "--epochs".
@@ -704,6 +716,17 @@ void validate(const TrainConfig& c) {
                                            ".safetensors"),
           "export-weights", c.export_weights, "must name a file ending in .safetensors");
   require(c.log_every >= 1, "log-every", c.log_every, "must be at least 1 (steps)");
+  // A job name is one folder under the output path: empty, it would write into the output
+  // path itself (the run directory, beside the checkpoints).
+  require(!c.tensorboard_job_name.empty(), "tensorboard-job-name", c.tensorboard_job_name,
+          "give a folder name, e.g. tensorboard");
+  require(!c.csv_monitor_job_name.empty(), "csv-monitor-job-name", c.csv_monitor_job_name,
+          "give a folder name, e.g. csv_monitor");
+}
+
+std::string monitor_directory(const std::string& output_path, const std::string& job_name,
+                              const std::string& run_dir) {
+  return (output_path.empty() ? run_dir : output_path) + "/" + job_name;
 }
 
 // Note [Rank's share of the train split]: every rank gets the same number of samples an epoch

@@ -15,6 +15,21 @@
 //    give the same parameters), and hpc_train's bucket and overlap defaults suit it better than
 //    DeepSpeed's 5e8-element buckets. Absent top-level keys keep hpc_train's values too.
 //
+// Note [Keys hpc_train does not implement]: a key that only changes how a run is watched, how
+// fast it goes or how much memory it takes (wandb, comet, flops_profiler,
+// activation_checkpointing, zero_optimization.sub_group_size, ...) is ignored with a warning that
+// names it, so that a ds_config.json made for DeepSpeed runs here as it is. A key that would
+// change what the run computes if it were ignored stays an error (kMathTopLevelKeys, and any
+// unknown key inside optimizer, scheduler, fp16 and bf16, which parameterise the update), as does
+// an unknown top-level key within two edits of a known one (a misspelt train_batch_size must not
+// fall back to another batch silently). --deepspeed-allow-unknown turns those errors into
+// warnings too.
+//
+// Note ["auto" values]: Hugging Face's DeepSpeed templates write "auto" for values that its
+// Trainer fills in. Here "auto" means "not set by this file": the command line, INI file or
+// default decides, as for a key left out of the top level (even inside a block, where a left-out
+// key means DeepSpeed's default), and a line on rank 0 names the value it resolved to.
+//
 // Note [Batch identity]: DeepSpeed requires train_batch_size = train_micro_batch_size_per_gpu x
 // gradient_accumulation_steps x world size, and derives the one or two values the file leaves out
 // (_set_batch_related_parameters, then _batch_assertion), with integer division, so a
@@ -34,6 +49,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -83,6 +99,61 @@ const std::pair<const char*, const char*> kIgnoredTopLevelKeys[] = {
     {"zero_allow_untested_optimizer",
      "it only lets DeepSpeed's ZeRO take a client optimizer; hpc_train runs its own Adam/AdamW"},
 };
+
+// Top-level keys that would change what the run computes if they were ignored: an error (Note
+// [Keys hpc_train does not implement]), unless the value is the one that changes nothing
+// (`harmless`, compared as JSON) or a block with "enabled": false.
+struct MathKey {
+  const char* key;
+  const char* harmless;  // JSON text; nullptr = only a disabled block
+  const char* why;
+};
+const MathKey kMathTopLevelKeys[] = {
+    {"amp", nullptr,
+     "NVIDIA Apex AMP changes the arithmetic's precision; use \"fp16\" or \"bf16\""},
+    {"torch_autocast", nullptr,
+     "autocast changes the arithmetic's precision; use \"fp16\" or \"bf16\" (the model's dtype)"},
+    {"bfloat16", nullptr, "older DeepSpeed's name for \"bf16\"; write \"bf16\""},
+    {"communication_data_type", "null",
+     "reducing gradients in another dtype changes their rounding; hpc_train reduces in the "
+     "model's dtype"},
+    {"data_types", "{}", "grad_accum_dtype changes how gradients accumulate"},
+    {"prescale_gradients", "false", "dividing before the reduction changes fp16 rounding"},
+    {"gradient_predivide_factor", "1.0", "dividing before the reduction changes fp16 rounding"},
+    {"sparse_gradients", "false", "hpc_train reduces every gradient densely"},
+    {"elasticity", nullptr, "elastic training changes the batch size with the world size"},
+    {"curriculum_learning", nullptr, "a curriculum changes the data each step sees"},
+    {"data_efficiency", nullptr, "data sampling and routing change the data each step sees"},
+    {"progressive_layer_drop", nullptr, "dropping layers changes the model"},
+    {"compression_training", nullptr, "compression changes the weights"},
+    {"quantize_training", nullptr, "quantization changes the weights"},
+};
+
+// Blocks hpc_train does not implement that are about watching a run: a warning says what to use.
+const std::pair<const char*, const char*> kUnimplementedMonitors[] = {
+    {"wandb", "Weights & Biases is not available here (no network on compute nodes, no new "
+              "dependency); hpc_train writes TensorBoard event files (--tensorboard) and "
+              "DeepSpeed's CSV files (--csv-monitor), which W&B can import"},
+    {"comet", "Comet is not available here; hpc_train writes TensorBoard event files "
+              "(--tensorboard) and DeepSpeed's CSV files (--csv-monitor)"},
+};
+
+bool is_auto(const json& value) { return value.is_string() && value.get<std::string>() == "auto"; }
+
+size_t edit_distance(const std::string& from, const std::string& to) {
+  std::vector<size_t> row(to.size() + 1);
+  for (size_t j = 0; j <= to.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= from.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= to.size(); ++j) {
+      const size_t substituted = diagonal + (from[i - 1] == to[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
+    }
+  }
+  return row[to.size()];
+}
 
 std::string join(const std::vector<std::string>& words, const char* separator) {
   std::string text;
@@ -226,16 +297,28 @@ class Importer {
     // After the optimizer: WarmupLR's warmup_max_lr replaces the optimizer's lr, as in DeepSpeed.
     if (const json* block = member(root, "scheduler")) apply_scheduler(*block, root);
     if (const json* block = member(root, "zero_optimization")) apply_zero(*block);
-    if (const json* value = member(root, "gradient_clipping")) {
+    if (const json* value = member(root, "gradient_clipping");
+        value && !left_to_us(*value, "gradient_clipping", "clip-grad", &TrainConfig::clip_grad)) {
       set("clip-grad", "gradient_clipping", &TrainConfig::clip_grad,
           number(*value, "gradient_clipping"));
     }
-    if (const json* value = member(root, "steps_per_print")) {
+    if (const json* value = member(root, "steps_per_print");
+        value && !left_to_us(*value, "steps_per_print", "log-every", &TrainConfig::log_every)) {
       set("log-every", "steps_per_print", &TrainConfig::log_every,
           to_int(whole(*value, "steps_per_print"), "steps_per_print"));
     }
     apply_batch(root);
+    if (const json* block = member(root, "tensorboard")) {
+      apply_monitor(*block, "tensorboard", "tensorboard", &TrainConfig::tensorboard,
+                    &TrainConfig::tensorboard_output_path, &TrainConfig::tensorboard_job_name);
+    }
+    if (const json* block = member(root, "csv_monitor")) {
+      apply_monitor(*block, "csv_monitor", "csv-monitor", &TrainConfig::csv_monitor,
+                    &TrainConfig::csv_monitor_output_path, &TrainConfig::csv_monitor_job_name);
+    }
     validate_mapped();
+    // Note ["auto" values]: what each "auto" resolved to, once everything is applied.
+    for (const auto& [key, resolved] : auto_keys_) warn("'" + key + "' is \"auto\": " + resolved());
     return std::move(warnings_);
   }
 
@@ -243,7 +326,16 @@ class Importer {
   std::string where() const { return path_ + ": "; }
   void warn(const std::string& message) { warnings_.push_back(where() + message); }
 
-  // --- Keys.
+  // --- Keys (Note [Keys hpc_train does not implement]).
+
+  // How an unknown key inside a block is met: an error, or (a block whose keys only move time
+  // and memory, or only watch the run) a warning.
+  enum class Unknown { kError, kWarn };
+
+  void ignored_key(const std::string& key, const std::string& why) {
+    warn("'" + key + "' is not implemented by hpc_train and is ignored" +
+         (why.empty() ? "" : ": " + why));
+  }
 
   void unknown_key(const std::string& key, const std::vector<std::string>& known) {
     if (allow_unknown_) {
@@ -257,11 +349,22 @@ class Importer {
   }
 
   void check_keys(const json& object, const std::string& prefix,
-                  const std::vector<std::string>& known) {
+                  const std::vector<std::string>& known, Unknown unknown = Unknown::kError) {
     for (const auto& item : object.items()) {
       if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
-      unknown_key(prefix.empty() ? item.key() : prefix + "." + item.key(), known);
+      const std::string key = prefix.empty() ? item.key() : prefix + "." + item.key();
+      if (unknown == Unknown::kWarn) {
+        ignored_key(key, "");
+      } else {
+        unknown_key(key, known);
+      }
     }
+  }
+
+  // A block given as {"enabled": false} changes nothing, whatever it would do enabled.
+  static bool disabled_block(const json& value) {
+    const json* enabled = value.is_object() ? member(value, "enabled") : nullptr;
+    return enabled && enabled->is_boolean() && !enabled->get<bool>();
   }
 
   void check_top_level_keys(const json& root) {
@@ -269,14 +372,98 @@ class Importer {
         "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "optimizer",        "scheduler",                      "fp16",
         "bf16",             "zero_optimization",              "gradient_clipping",
-        "steps_per_print"};
+        "steps_per_print",  "tensorboard",                    "csv_monitor"};
     for (const auto& [key, reason] : kIgnoredTopLevelKeys) known.emplace_back(key);
+    for (const auto& [key, reason] : kUnimplementedMonitors) known.emplace_back(key);
     for (const auto& item : root.items()) {
-      for (const auto& [key, reason] : kIgnoredTopLevelKeys) {
-        if (item.key() == key) warn("'" + item.key() + "' is ignored: " + reason);
+      const std::string& key = item.key();
+      if (std::find(known.begin(), known.end(), key) != known.end()) {
+        for (const auto& [ignored, reason] : kIgnoredTopLevelKeys) {
+          if (key == ignored) warn("'" + key + "' is ignored: " + reason);
+        }
+        for (const auto& [monitor, reason] : kUnimplementedMonitors) {
+          if (key == monitor) ignored_key(key, reason);
+        }
+        continue;
+      }
+      const MathKey* math = nullptr;
+      for (const MathKey& candidate : kMathTopLevelKeys) {
+        if (key == candidate.key) math = &candidate;
+      }
+      if (math) {
+        const bool harmless = disabled_block(item.value()) ||
+                              (math->harmless && item.value() == json::parse(math->harmless));
+        if (harmless) {
+          ignored_key(key, "its value changes nothing");
+        } else if (allow_unknown_) {
+          warn("ignoring '" + key + "' (--deepspeed-allow-unknown), which changes the result: " +
+               math->why);
+        } else {
+          throw ConfigError(where() + "'" + key + "' is not supported and would change what the " +
+                            "run computes if it were ignored: " + math->why +
+                            ". Remove it (--deepspeed-allow-unknown ignores it anyway)");
+        }
+        continue;
+      }
+      // A misspelt known key: ignoring it would silently run with another value.
+      const bool misspelt =
+          key.size() > 4 && std::any_of(known.begin(), known.end(), [&](const std::string& k) {
+            return edit_distance(key, k) <= 2;
+          });
+      if (misspelt) {
+        unknown_key(key, known);
+      } else {
+        ignored_key(key, "");
       }
     }
-    check_keys(root, "", known);
+  }
+
+  // --- Note ["auto" values]
+
+  // Whether `value` is "auto"; if so, the option keeps its value and the end of the import names
+  // it. `field` is the option the key would set.
+  template <class T>
+  bool left_to_us(const json& value, const std::string& key, const std::string& option,
+                  T TrainConfig::*field) {
+    if (!is_auto(value)) return false;
+    auto_keys_.emplace_back(key, [this, option, field] {
+      return "--" + option + " " + show(config_.*field) +
+             (given_.count(option) ? " (the command line)" : " (the INI file or default)");
+    });
+    return true;
+  }
+
+  // "auto" for a key that sets nothing here (an accepted no-op).
+  bool auto_no_op(const json& value, const std::string& key) {
+    if (!is_auto(value)) return false;
+    auto_keys_.emplace_back(key,
+                            [] { return std::string("nothing to set (accepted, no effect)"); });
+    return true;
+  }
+
+  // --- Monitors: DeepSpeed's tensorboard and csv_monitor blocks. Keys left out keep hpc_train's
+  // values (TensorBoard on in <run dir>/tensorboard); unknown keys only watch the run.
+  void apply_monitor(const json& value, const std::string& name, const char* option,
+                     bool TrainConfig::*enabled_field, std::string TrainConfig::*path_field,
+                     std::string TrainConfig::*job_field) {
+    const json& block = object(value, name);
+    check_keys(block, name, {"enabled", "output_path", "job_name"}, Unknown::kWarn);
+    const std::string path_option = std::string(option) + "-output-path";
+    const std::string job_option = std::string(option) + "-job-name";
+    const char* path_name = path_option.c_str();
+    const char* job_name = job_option.c_str();
+    if (const json* enabled = member(block, "enabled");
+        enabled && !left_to_us(*enabled, name + ".enabled", option, enabled_field)) {
+      set(option, name + ".enabled", enabled_field, boolean(*enabled, name + ".enabled"));
+    }
+    if (const json* path = member(block, "output_path");
+        path && !left_to_us(*path, name + ".output_path", path_name, path_field)) {
+      set(path_name, name + ".output_path", path_field, text(*path, name + ".output_path"));
+    }
+    if (const json* job = member(block, "job_name");
+        job && !left_to_us(*job, name + ".job_name", job_name, job_field)) {
+      set(job_name, name + ".job_name", job_field, text(*job, name + ".job_name"));
+    }
   }
 
   // --- Values of the expected JSON type, or a ConfigError naming key, expectation and value.
@@ -287,9 +474,9 @@ class Importer {
     if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
     std::string message = where() + "'" + key + "' must be " + expected + ", not " +
                           value.type_name() + " " + shown;
-    if (value.is_string() && value.get<std::string>() == "auto") {
-      message += " ('auto' is filled in by Hugging Face's Trainer before DeepSpeed reads the "
-                 "file; give the value itself)";
+    if (is_auto(value)) {
+      message += " (\"auto\" is taken for the values that hpc_train has an option for, not "
+                 "here; give the value itself)";
     }
     throw ConfigError(message);
   }
@@ -368,6 +555,7 @@ class Importer {
     bool fp16_enabled = false;
     bool bf16_enabled = false;
     bool enabled_in_file = false;
+    bool enabled_auto = false;  // an "enabled": "auto": the precision is not this file's to set
     std::vector<std::string> scaler_keys_given;
     if (fp16) {
       const json& block = object(*fp16, "fp16");
@@ -376,13 +564,21 @@ class Importer {
                   "loss_scale_window", "hysteresis", "consecutive_hysteresis",
                   "min_loss_scale"});
       if (const json* value = member(block, "enabled")) {
-        fp16_enabled = boolean(*value, "fp16.enabled");
-        enabled_in_file = true;
+        if (left_to_us(*value, "fp16.enabled", "precision", &TrainConfig::precision)) {
+          enabled_auto = true;
+        } else {
+          fp16_enabled = boolean(*value, "fp16.enabled");
+          enabled_in_file = true;
+        }
       }
       // auto_cast casts the model's inputs to fp16; hpc_train always casts a batch to the model
       // dtype on the device, so either value is what happens here.
-      if (const json* value = member(block, "auto_cast")) boolean(*value, "fp16.auto_cast");
-      if (const json* value = member(block, "consecutive_hysteresis")) {
+      if (const json* value = member(block, "auto_cast");
+          value && !auto_no_op(*value, "fp16.auto_cast")) {
+        boolean(*value, "fp16.auto_cast");
+      }
+      if (const json* value = member(block, "consecutive_hysteresis");
+          value && !auto_no_op(*value, "fp16.consecutive_hysteresis")) {
         if (boolean(*value, "fp16.consecutive_hysteresis")) {
           throw ConfigError(where() +
                             "'fp16.consecutive_hysteresis' true is not supported: hpc_train's "
@@ -408,8 +604,12 @@ class Importer {
       const json& block = object(*bf16, "bf16");
       check_keys(block, "bf16", {"enabled"});
       if (const json* value = member(block, "enabled")) {
-        bf16_enabled = boolean(*value, "bf16.enabled");
-        enabled_in_file = true;
+        if (left_to_us(*value, "bf16.enabled", "precision", &TrainConfig::precision)) {
+          enabled_auto = true;
+        } else {
+          bf16_enabled = boolean(*value, "bf16.enabled");
+          enabled_in_file = true;
+        }
       }
     }
     if (fp16_enabled && bf16_enabled) {
@@ -424,7 +624,10 @@ class Importer {
     const char* key = fp16_enabled   ? "fp16.enabled"
                       : bf16_enabled ? "bf16.enabled"
                                      : "fp16/bf16 (neither enabled)";
-    set("precision", key, &TrainConfig::precision, precision, enabled_in_file);
+    // "auto" leaves the precision to the command line, INI file or default, unless the other
+    // block enables its own.
+    if (!enabled_auto || fp16_enabled || bf16_enabled)
+      set("precision", key, &TrainConfig::precision, precision, enabled_in_file);
     if (!scaler_keys_given.empty() && config_.precision != Precision::kFp16) {
       warn(join(scaler_keys_given, ", ") + " take effect only with fp16; the precision is " +
            to_string(config_.precision));
@@ -438,7 +641,10 @@ class Importer {
     if (!type_value) {
       throw ConfigError(where() + "'optimizer' has no 'type'; give \"Adam\" or \"AdamW\"");
     }
-    const std::string type = text(*type_value, "optimizer.type");
+    const bool type_auto =
+        left_to_us(*type_value, "optimizer.type", "optimizer", &TrainConfig::optimizer);
+    const std::string type =
+        type_auto ? to_string(config_.optimizer) : text(*type_value, "optimizer.type");
     std::string lower = type;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -460,7 +666,8 @@ class Importer {
                {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"});
 
     bool adam_w_mode = true;  // DeepSpeed's default: "Adam" means AdamW
-    if (const json* mode = member(params, "adam_w_mode")) {
+    if (const json* mode = member(params, "adam_w_mode");
+        mode && !auto_no_op(*mode, "optimizer.params.adam_w_mode")) {
       adam_w_mode = boolean(*mode, "optimizer.params.adam_w_mode");
       if (!adam_w_mode && lower == "adamw") {
         warn("'optimizer.params.adam_w_mode' false has no effect with type AdamW (DeepSpeed "
@@ -468,7 +675,8 @@ class Importer {
       }
     }
     bool torch_adam = false;
-    if (const json* torch = member(params, "torch_adam")) {
+    if (const json* torch = member(params, "torch_adam");
+        torch && !auto_no_op(*torch, "optimizer.params.torch_adam")) {
       torch_adam = boolean(*torch, "optimizer.params.torch_adam");
       if (torch_adam) {
         warn("'optimizer.params.torch_adam' true only picks PyTorch's Adam implementation in "
@@ -476,11 +684,17 @@ class Importer {
       }
     }
     const bool adamw = lower == "adamw" || adam_w_mode;
-    set("optimizer", "optimizer.type", &TrainConfig::optimizer,
-        adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam);
+    if (!type_auto) {
+      set("optimizer", "optimizer.type", &TrainConfig::optimizer,
+          adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam);
+    }
 
     set_number(params, "optimizer.params", "lr", "lr", &TrainConfig::lr, kDsAdamLr);
-    if (const json* betas = member(params, "betas")) {
+    const json* betas = member(params, "betas");
+    if (betas && is_auto(*betas)) {
+      left_to_us(*betas, "optimizer.params.betas[0]", "beta1", &TrainConfig::beta1);
+      left_to_us(*betas, "optimizer.params.betas[1]", "beta2", &TrainConfig::beta2);
+    } else if (betas) {
       if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
           !(*betas)[1].is_number()) {
         wrong_type("optimizer.params.betas", "an array of two numbers like [0.9, 0.999]", *betas);
@@ -511,8 +725,22 @@ class Importer {
     return steps;
   }
 
+  void apply_warmup_num_steps(const json& params) {
+    const json* value = member(params, "warmup_num_steps");
+    if (value && left_to_us(*value, "scheduler.params.warmup_num_steps", "warmup-steps",
+                            &TrainConfig::warmup_steps)) {
+      return;
+    }
+    set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
+        warmup_num_steps(params), value != nullptr);
+  }
+
   void apply_warmup_type(const json& params) {
     const json* value = member(params, "warmup_type");
+    if (value && left_to_us(*value, "scheduler.params.warmup_type", "warmup-type",
+                            &TrainConfig::warmup_type)) {
+      return;
+    }
     const std::string type = value ? text(*value, "scheduler.params.warmup_type") : kDsWarmupType;
     // DeepSpeed's names are hpc_train's. DeepSpeed falls back to log with a printed warning; a
     // typo should not change the schedule.
@@ -527,7 +755,7 @@ class Importer {
 
   void check_last_batch_iteration(const json& params) {
     const json* value = member(params, "last_batch_iteration");
-    if (!value) return;
+    if (!value || auto_no_op(*value, "scheduler.params.last_batch_iteration")) return;
     if (whole(*value, "scheduler.params.last_batch_iteration") != -1) {
       throw ConfigError(where() +
                         "'scheduler.params.last_batch_iteration' resumes DeepSpeed's schedule "
@@ -556,7 +784,9 @@ class Importer {
       check_last_batch_iteration(params);
       set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kWarmup);
       // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
-      if (const json* max_lr = member(params, "warmup_max_lr")) {
+      if (const json* max_lr = member(params, "warmup_max_lr");
+          max_lr &&
+          !left_to_us(*max_lr, "scheduler.params.warmup_max_lr", "lr", &TrainConfig::lr)) {
         const double lr = number(*max_lr, "scheduler.params.warmup_max_lr");
         const json* optimizer = member(root, "optimizer");
         const json* params_of_optimizer = optimizer ? member(*optimizer, "params") : nullptr;
@@ -569,12 +799,15 @@ class Importer {
         }
         set("lr", "scheduler.params.warmup_max_lr", &TrainConfig::lr, lr);
       }
-      set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
-          warmup_num_steps(params), member(params, "warmup_num_steps") != nullptr);
+      apply_warmup_num_steps(params);
       apply_warmup_type(params);
       // DeepSpeed's warmup_min_lr is absolute; here the start is a fraction of the lr that the
       // run uses (the command line's, if it gave one), which keeps the file's starting lr.
       const json* min_value = member(params, "warmup_min_lr");
+      if (min_value && left_to_us(*min_value, "scheduler.params.warmup_min_lr",
+                                  "warmup-start-ratio", &TrainConfig::warmup_start_ratio)) {
+        return;
+      }
       const double min_lr =
           min_value ? number(*min_value, "scheduler.params.warmup_min_lr") : kDsWarmupMinLr;
       if (min_lr < 0 || (config_.lr > 0 && min_lr > config_.lr)) {
@@ -599,10 +832,12 @@ class Importer {
       }
       set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule,
           LrScheduleKind::kWarmupCosine);
-      set("schedule-steps", "scheduler.params.total_num_steps", &TrainConfig::schedule_steps,
-          whole(*total, "scheduler.params.total_num_steps"));
-      set("warmup-steps", "scheduler.params.warmup_num_steps", &TrainConfig::warmup_steps,
-          warmup_num_steps(params), member(params, "warmup_num_steps") != nullptr);
+      if (!left_to_us(*total, "scheduler.params.total_num_steps", "schedule-steps",
+                      &TrainConfig::schedule_steps)) {
+        set("schedule-steps", "scheduler.params.total_num_steps", &TrainConfig::schedule_steps,
+            whole(*total, "scheduler.params.total_num_steps"));
+      }
+      apply_warmup_num_steps(params);
       apply_warmup_type(params);
       // WarmupCosineLR scales the optimizer's lr; its ratios are fractions of it, as here.
       set_number(params, "scheduler.params", "warmup_min_ratio", "warmup-start-ratio",
@@ -632,11 +867,33 @@ class Importer {
 
   void apply_zero(const json& value) {
     const json& block = object(value, "zero_optimization");
+    // ZeRO++'s quantized weights and gradients change the values that ranks exchange: refused
+    // (Note [Keys hpc_train does not implement]) unless false. Other unknown keys of this block
+    // (sub_group_size, round_robin_gradients, the stage 3 keys, ...) only move time and memory.
+    for (const char* quantized : {"zero_quantized_weights", "zero_quantized_gradients",
+                                  "zero_quantized_nontrainable_weights"}) {
+      const json* value = member(block, quantized);
+      if (!value || (value->is_boolean() && !value->get<bool>()) || is_auto(*value)) continue;
+      const std::string key = std::string("zero_optimization.") + quantized;
+      if (allow_unknown_) {
+        warn("ignoring '" + key + "' (--deepspeed-allow-unknown), which changes the result");
+        continue;
+      }
+      throw ConfigError(where() + "'" + key + "' " + value->dump() +
+                        " is not supported: quantized communication changes the values the "
+                        "ranks exchange; remove it or give false (--deepspeed-allow-unknown "
+                        "ignores it anyway)");
+    }
     check_keys(block, "zero_optimization",
                {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                 "contiguous_gradients", "reduce_scatter", "allgather_partitions",
-                "offload_optimizer", "offload_param"});
-    if (const json* stage_value = member(block, "stage")) {
+                "offload_optimizer", "offload_param", "zero_quantized_weights",
+                "zero_quantized_gradients", "zero_quantized_nontrainable_weights"},
+               Unknown::kWarn);
+    if (const json* stage_value = member(block, "stage");
+        stage_value &&
+        !left_to_us(*stage_value, "zero_optimization.stage", "zero-stage",
+                    &TrainConfig::zero_stage)) {
       const int64_t stage = whole(*stage_value, "zero_optimization.stage");
       if (stage < 0 || stage > 2) {
         throw ConfigError(where() + "'zero_optimization.stage' " + std::to_string(stage) +
@@ -650,11 +907,14 @@ class Importer {
     }
     check_no_offload(block, "offload_optimizer");
     check_no_offload(block, "offload_param");
-    if (const json* overlap = member(block, "overlap_comm")) {
+    if (const json* overlap = member(block, "overlap_comm");
+        overlap && !left_to_us(*overlap, "zero_optimization.overlap_comm", "overlap-comm",
+                               &TrainConfig::overlap_comm)) {
       set("overlap-comm", "zero_optimization.overlap_comm", &TrainConfig::overlap_comm,
           boolean(*overlap, "zero_optimization.overlap_comm"));
     }
-    if (const json* contiguous = member(block, "contiguous_gradients")) {
+    if (const json* contiguous = member(block, "contiguous_gradients");
+        contiguous && !auto_no_op(*contiguous, "zero_optimization.contiguous_gradients")) {
       if (!boolean(*contiguous, "zero_optimization.contiguous_gradients")) {
         warn("'zero_optimization.contiguous_gradients' false has no effect: hpc_train's "
              "gradients always live in flat bucket storage");
@@ -662,14 +922,16 @@ class Importer {
     }
     // reduce_scatter false makes DeepSpeed's stage 2 all-reduce and keep its own partition: the
     // same numbers with twice the traffic. Warning rather than error: the result does not change.
-    if (const json* scatter = member(block, "reduce_scatter")) {
+    if (const json* scatter = member(block, "reduce_scatter");
+        scatter && !auto_no_op(*scatter, "zero_optimization.reduce_scatter")) {
       if (!boolean(*scatter, "zero_optimization.reduce_scatter") && config_.zero_stage == 2) {
         warn("'zero_optimization.reduce_scatter' false has no effect: hpc_train's ZeRO stage 2 "
              "always reduce-scatters gradients (the same result as DeepSpeed's all-reduce, with "
              "half the traffic)");
       }
     }
-    if (const json* partitions = member(block, "allgather_partitions")) {
+    if (const json* partitions = member(block, "allgather_partitions");
+        partitions && !auto_no_op(*partitions, "zero_optimization.allgather_partitions")) {
       if (!boolean(*partitions, "zero_optimization.allgather_partitions")) {
         warn("'zero_optimization.allgather_partitions' false has no effect: hpc_train always "
              "all-gathers the updated parameters (the same result as DeepSpeed's broadcasts)");
@@ -680,7 +942,9 @@ class Importer {
     // element is 2 bytes in fp16 and bf16 and 4 in fp32, so 5e8 elements are 953.7 MiB in fp16.
     const double element_bytes = config_.precision == Precision::kFp32 ? 4.0 : 2.0;
     std::optional<int64_t> reduce_elements;
-    if (const json* reduce = member(block, "reduce_bucket_size")) {
+    if (const json* reduce = member(block, "reduce_bucket_size");
+        reduce && !left_to_us(*reduce, "zero_optimization.reduce_bucket_size", "bucket-mb",
+                              &TrainConfig::bucket_mb)) {
       reduce_elements = whole(*reduce, "zero_optimization.reduce_bucket_size");
       if (*reduce_elements < 1) {
         throw ConfigError(where() + "'zero_optimization.reduce_bucket_size' " +
@@ -690,7 +954,8 @@ class Importer {
       set("bucket-mb", "zero_optimization.reduce_bucket_size", &TrainConfig::bucket_mb,
           static_cast<double>(*reduce_elements) * element_bytes / kBytesPerMiB);
     }
-    if (const json* gather = member(block, "allgather_bucket_size")) {
+    if (const json* gather = member(block, "allgather_bucket_size");
+        gather && !auto_no_op(*gather, "zero_optimization.allgather_bucket_size")) {
       const int64_t gather_elements = whole(*gather, "zero_optimization.allgather_bucket_size");
       if (!reduce_elements || gather_elements != *reduce_elements) {
         warn("'zero_optimization.allgather_bucket_size' " + std::to_string(gather_elements) +
@@ -702,10 +967,11 @@ class Importer {
 
   // --- Note [Batch identity]
 
-  std::optional<int64_t> batch_key(const json& root, const char* key) const {
+  std::optional<int64_t> batch_key(const json& root, const char* key) {
     const json* value = member(root, key);
-    // null means "not given" to DeepSpeed (it reads these with dict.get).
-    if (!value || value->is_null()) return std::nullopt;
+    // null means "not given" to DeepSpeed (it reads these with dict.get); "auto" means the same
+    // here (Note ["auto" values]; apply_batch names what it resolved to).
+    if (!value || value->is_null() || is_auto(*value)) return std::nullopt;
     const int64_t number = whole(*value, key);
     if (number < 1) {
       throw ConfigError(where() + "'" + key + "' " + std::to_string(number) +
@@ -855,6 +1121,19 @@ class Importer {
   }
 
   void apply_batch(const json& root) {
+    if (const json* value = member(root, "train_micro_batch_size_per_gpu")) {
+      left_to_us(*value, "train_micro_batch_size_per_gpu", "micro-batch",
+                 &TrainConfig::micro_batch);
+    }
+    if (const json* value = member(root, "gradient_accumulation_steps"))
+      left_to_us(*value, "gradient_accumulation_steps", "grad-accum", &TrainConfig::grad_accum);
+    if (const json* value = member(root, "train_batch_size"); value && is_auto(*value)) {
+      auto_keys_.emplace_back("train_batch_size", [this] {
+        return std::to_string(int64_t{config_.micro_batch} * config_.grad_accum * world_size_) +
+               " (micro-batch " + std::to_string(config_.micro_batch) + " x grad-accum " +
+               std::to_string(config_.grad_accum) + " x " + ranks(world_size_) + ")";
+      });
+    }
     const std::optional<int64_t> file_batch = batch_key(root, "train_batch_size");
     std::optional<int64_t> micro = batch_key(root, "train_micro_batch_size_per_gpu");
     std::optional<int64_t> accum = batch_key(root, "gradient_accumulation_steps");
@@ -864,6 +1143,12 @@ class Importer {
     // The command line's values count as given, and win over the file's.
     const bool micro_from_command_line = given_.count("micro-batch") > 0;
     const bool accum_from_command_line = given_.count("grad-accum") > 0;
+    // Note ["auto" values]: an "auto" micro-batch or accumulation is ours, and counts as given
+    // (train_batch_size "auto" is then derived from them).
+    const json* micro_value = member(root, "train_micro_batch_size_per_gpu");
+    const json* accum_value = member(root, "gradient_accumulation_steps");
+    if (micro_value && is_auto(*micro_value)) micro = config_.micro_batch;
+    if (accum_value && is_auto(*accum_value)) accum = config_.grad_accum;
     if (micro_from_command_line) {
       if (micro && *micro != config_.micro_batch) {
         warn("'train_micro_batch_size_per_gpu' " + std::to_string(*micro) +
@@ -960,6 +1245,7 @@ class Importer {
                   const char* option, double TrainConfig::*field, double ds_default) {
     const std::string key = prefix + "." + name;
     if (const json* value = member(block, name)) {
+      if (left_to_us(*value, key, option, field)) return;
       set(option, key, field, number(*value, key));
     } else {
       set(option, key, field, ds_default, false);
@@ -970,6 +1256,7 @@ class Importer {
                int TrainConfig::*field, int ds_default) {
     const std::string key = prefix + "." + name;
     if (const json* value = member(block, name)) {
+      if (left_to_us(*value, key, option, field)) return;
       set(option, key, field, to_int(whole(*value, key), key));
     } else {
       set(option, key, field, ds_default, false);
@@ -983,6 +1270,8 @@ class Importer {
   TrainConfig& config_;
   std::vector<std::string> warnings_;
   std::map<std::string, std::string> source_of_option_;  // option -> "'key'" that set it
+  // Keys given as "auto", and what each resolved to (read at the end of the import).
+  std::vector<std::pair<std::string, std::function<std::string()>>> auto_keys_;
 };
 
 }  // namespace

@@ -55,6 +55,7 @@ void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print) 
                            {"epoch", r.epoch + 1},
                            {"step", r.global_step},
                            {"step_in_epoch", r.step_in_epoch + 1},
+                           {"samples", r.global_samples},
                            {"loss", r.loss},
                            {"lr", r.lr},
                            {"samples_per_s", r.samples_per_s},
@@ -99,9 +100,56 @@ void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t st
   std::fflush(stdout);
 }
 
+std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
+  const int64_t step = r.global_samples;
+  const std::string prefix = "Train/Samples/";
+  std::vector<ScalarEvent> events = {{prefix + "train_loss", r.loss, step},
+                                     {prefix + "lr", r.lr, step}};
+  if (r.show_loss_scale) {
+    events.push_back({prefix + "loss_scale", r.loss_scale, step});
+    events.push_back({prefix + "skipped_steps", static_cast<double>(r.skipped_steps), step});
+  }
+  events.push_back({prefix + "samples_per_s", r.samples_per_s, step});
+  events.push_back({prefix + "ms_per_step", r.ms_per_step, step});
+  const StepBreakdown& b = r.breakdown;
+  events.push_back({prefix + "elapsed_time_ms_data_wait", b.data_wait_ms, step});
+  if (b.phase_timed_steps > 0) {
+    events.push_back({prefix + "elapsed_time_ms_forward", b.forward_ms, step});
+    events.push_back({prefix + "elapsed_time_ms_backward", b.backward_ms, step});
+    events.push_back({prefix + "elapsed_time_ms_comm_wait", b.comm_wait_ms, step});
+    events.push_back({prefix + "elapsed_time_ms_step", b.optimizer_ms, step});
+    events.push_back({prefix + "comm_bytes_per_step", b.comm_bytes_per_step, step});
+    events.push_back({prefix + "busbw_gb_s", b.busbw_gb_s, step});
+  }
+  // The GPU figures under their metrics.jsonl names (min and max over the ranks); NVML's are
+  // null when nothing was measured, and then left out.
+  if (r.gpu) {
+    for (const auto& item : r.gpu->to_json().items()) {
+      if (item.value().is_number())
+        events.push_back({prefix + item.key(), item.value().get<double>(), step});
+    }
+  }
+  return events;
+}
+
+std::vector<ScalarEvent> epoch_events(const EpochReport& r) {
+  const int64_t step = r.global_samples;
+  return {{"Train/Samples/epoch_train_loss", r.train_loss, step},
+          {"Test/Samples/test_loss", r.test.loss, step},
+          {"Test/Samples/test_accuracy", r.test.accuracy, step}};
+}
+
 RunReporter::RunReporter(const TrainerOutput& output, int rank)
     : printing_(output.print && rank == 0), progress_bar_(output.progress_bar) {
-  if (rank == 0 && !output.run_dir.empty()) metrics_ = JsonlWriter(output.run_dir + "/metrics.jsonl");
+  if (rank != 0) return;
+  if (!output.run_dir.empty()) metrics_ = JsonlWriter(output.run_dir + "/metrics.jsonl");
+  if (!output.tensorboard_dir.empty()) tensorboard_ = TensorBoardWriter(output.tensorboard_dir);
+  if (!output.csv_monitor_dir.empty()) csv_monitor_ = CsvMonitorWriter(output.csv_monitor_dir);
+}
+
+void RunReporter::monitor(const std::vector<ScalarEvent>& events) {
+  tensorboard_.write(events);
+  csv_monitor_.write(events);
 }
 
 void RunReporter::say(const char* format, ...) {
@@ -124,10 +172,17 @@ void RunReporter::run_start(const RunStart& s) {
       static_cast<long long>(int64_t{s.micro_batch} * s.grad_accum * s.world_size), s.micro_batch,
       s.grad_accum, s.world_size, s.memory.parameters / 1e6, s.memory.gradients / 1e6,
       s.memory.optimizer_state / 1e6, s.buckets);
+  if (!tensorboard_.path().empty())
+    say("TensorBoard events: %s (watch with: tensorboard --logdir %s)\n",
+        tensorboard_.path().c_str(),
+        tensorboard_.path().substr(0, tensorboard_.path().rfind('/')).c_str());
+  if (!csv_monitor_.directory().empty())
+    say("CSV monitor: %s/<tag>.csv\n", csv_monitor_.directory().c_str());
 }
 
 void RunReporter::interval(const IntervalReport& report) {
   report_interval(report, metrics_, printing_ && !progress_bar_);
+  monitor(interval_events(report));
 }
 
 void RunReporter::progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
@@ -158,6 +213,7 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"epoch", r.epoch + 1},
                   {"complete", r.complete},
                   {"steps", r.global_step},
+                  {"samples", r.global_samples},
                   {"train_loss", r.train_loss},
                   {"test_loss", r.test.loss},
                   {"test_accuracy", r.test.accuracy},
@@ -166,6 +222,7 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"loader_wait_s", r.loader_wait_s},
                   {"skipped_steps", r.skipped_steps},
                   {"loss_scale", r.loss_scale}});
+  monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
       "(%lld/%lld)\n",
       r.epoch + 1, r.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s, r.train_loss,

@@ -17,18 +17,34 @@ std::string default_run_dir() {
   return std::string("runs/") + stamp;
 }
 
+namespace {
+
+void create_directory_or_refuse(const std::string& path, const std::string& options,
+                                const char* what) {
+  std::error_code error;
+  std::filesystem::create_directories(path, error);
+  if (error || !std::filesystem::is_directory(path))
+    throw ConfigError(options + " " + path + ": cannot create " + what + " (" +
+                      (error ? error.message() : "a file of that name exists") + ")");
+}
+
+}  // namespace
+
 std::string create_run_directory(const Runtime& runtime, const std::string& requested) {
   std::string path;
   run_agreed_phase(runtime, [&] {
     if (runtime.rank() != 0) return;
     path = requested.empty() ? default_run_dir() : requested;
-    std::error_code error;
-    std::filesystem::create_directories(path, error);
-    if (error || !std::filesystem::is_directory(path))
-      throw ConfigError("--run-dir " + path + ": cannot create the run directory (" +
-                        (error ? error.message() : "a file of that name exists") + ")");
+    create_directory_or_refuse(path, "--run-dir", "the run directory");
   });
   return broadcast_string(runtime.world(), path, 0);
+}
+
+void create_output_directory(const Runtime& runtime, const std::string& path,
+                             const std::string& options) {
+  run_agreed_phase(runtime, [&] {
+    if (runtime.rank() == 0) create_directory_or_refuse(path, options, "the folder");
+  });
 }
 
 }  // namespace hpc_train

@@ -264,6 +264,12 @@ struct Trainer::Impl {
     return bytes;
   }
 
+  // The monitors' x axis after `global_step` steps: steps x the global batch, as DeepSpeed counts
+  // global_samples (a padded epoch tail counts as a whole batch there too).
+  int64_t samples_seen(int64_t global_step) const {
+    return global_step * config.micro_batch * config.grad_accum * comm.size();
+  }
+
   // Rank 0's log line and metrics record for the interval that ends with this step.
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
@@ -280,6 +286,7 @@ struct Trainer::Impl {
     line.step_in_epoch = step_in_epoch;
     line.steps_per_epoch = steps_per_epoch;
     line.global_step = global_step;
+    line.global_samples = samples_seen(global_step);
     line.loss = loss;
     line.lr = report.last_lr;
     line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
@@ -465,6 +472,7 @@ struct Trainer::Impl {
       summary.test = evaluator->evaluate(*model);
       const StepReport report = optimizer_report();
       ended.global_step = global_step;
+      ended.global_samples = samples_seen(global_step);
       ended.train_loss = summary.final_train_loss;
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;

@@ -93,6 +93,15 @@ struct TrainConfig {
   int log_every = 50;             // --log-every: steps between log lines and metrics records
   // --progress auto|bar|lines: auto draws a bar when stdout is a terminal
   ProgressStyle progress = ProgressStyle::kAuto;
+  // Monitors (DeepSpeed's tensorboard and csv_monitor blocks): rank 0 writes each log interval's
+  // and epoch's scalars to <output path>/<job name>/, the output path being the run directory
+  // when empty (monitor_directory()).
+  bool tensorboard = true;                       // --tensorboard on|off: TensorBoard event files
+  std::string tensorboard_output_path;           // --tensorboard-output-path; empty = the run dir
+  std::string tensorboard_job_name = "tensorboard";  // --tensorboard-job-name
+  bool csv_monitor = false;                      // --csv-monitor on|off: one CSV file per scalar
+  std::string csv_monitor_output_path;           // --csv-monitor-output-path; empty = the run dir
+  std::string csv_monitor_job_name = "csv_monitor";  // --csv-monitor-job-name
 };
 
 // DeepSpeed's ds_config.json, mapped onto TrainConfig (deepspeed_config.h); --deepspeed-config.
@@ -141,6 +150,11 @@ void validate_for_dataset(const TrainConfig& config, const DatasetInfo& dataset,
 // Whether --resume asks for the run directory's newest checkpoint ("auto"), rather than naming
 // a file (or being empty: a fresh start). --resume stays text, since it is mostly a path.
 bool resumes_newest_checkpoint(const TrainConfig& config);
+
+// Where a monitor writes: <output_path>/<job_name>, with `run_dir` for an empty output path
+// (DeepSpeed's layout; its empty output path means the launch directory).
+std::string monitor_directory(const std::string& output_path, const std::string& job_name,
+                              const std::string& run_dir);
 
 // The configuration as INI text, grouped by section, every option with its value; reading it
 // back with --config gives the same configuration.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -22,6 +23,14 @@ class Stopwatch {
  private:
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_;
+};
+
+// One monitor event, as DeepSpeed's monitors take it (a (tag, value, step) tuple): the
+// TensorBoard and CSV writers (tensorboard_events.h, csv_monitor.h) write these.
+struct ScalarEvent {
+  std::string tag;  // e.g. "Train/Samples/train_loss"
+  double value = 0.0;
+  int64_t step = 0;  // DeepSpeed's x axis: samples seen (global_samples)
 };
 
 // Appends one JSON object per line, flushed at once so that a killed run keeps what it logged.

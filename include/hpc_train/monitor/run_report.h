@@ -1,7 +1,8 @@
 // What a run reports: the per-interval record and log line, the epoch's, a checkpoint's, the
-// progress bar, and the run's summary (TrainSummary, summary.json). The trainer measures and
-// agrees on the figures (collectives); this unit only shapes and writes them, on rank 0
-// (RunReporter).
+// progress bar, and the run's summary (TrainSummary, summary.json); the same intervals and
+// epochs as scalars for TensorBoard and DeepSpeed's CSV monitor (monitor_events). The trainer
+// measures and agrees on the figures (collectives); this unit only shapes and writes them, on
+// rank 0 (RunReporter).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,9 @@
 
 #include "hpc_train/io/checkpoint.h"
 #include "hpc_train/monitor/gpu_monitor.h"
+#include "hpc_train/monitor/csv_monitor.h"
 #include "hpc_train/monitor/metrics.h"
+#include "hpc_train/monitor/tensorboard_events.h"
 
 namespace hpc_train {
 
@@ -132,6 +135,7 @@ struct IntervalReport {
   int64_t step_in_epoch = 0;  // 0-based
   int64_t steps_per_epoch = 0;
   int64_t global_step = 0;
+  int64_t global_samples = 0;  // global_step x global batch, as DeepSpeed counts global_samples
   double loss = 0.0;  // mean over the interval's micro-batches and the ranks
   double lr = 0.0;
   double samples_per_s = 0.0;
@@ -150,6 +154,8 @@ struct TrainerOutput {
   std::string run_dir;      // rank 0 appends metrics.jsonl here; empty = no files
   bool print = true;        // rank 0 prints progress and epoch lines
   bool progress_bar = false;  // a bar redrawn in place (a terminal) instead of log lines
+  std::string tensorboard_dir;  // rank 0 writes TensorBoard event files here; empty = none
+  std::string csv_monitor_dir;  // rank 0 writes DeepSpeed's csv_monitor files here; empty = none
 };
 
 // What the run's first line says.
@@ -174,6 +180,7 @@ struct EpochReport {
   int epochs = 0;
   bool complete = true;  // false: stopped by --max-steps
   int64_t global_step = 0;
+  int64_t global_samples = 0;  // as IntervalReport's
   double train_loss = 0.0;
   EvalResult test;
   double train_s = 0.0;  // the epoch's training loop
@@ -206,10 +213,23 @@ class RunReporter {
   void epoch(const EpochReport& report);
 
  private:
+  void monitor(const std::vector<ScalarEvent>& events);
+
   bool printing_ = false;
   bool progress_bar_ = false;
   JsonlWriter metrics_;
+  TensorBoardWriter tensorboard_;
+  CsvMonitorWriter csv_monitor_;
 };
+
+// Note [Monitor tags]: the scalars of an interval and of an epoch, for TensorBoard and the CSV
+// monitor, named as DeepSpeed's engine names them (Train/Samples/train_loss, .../lr,
+// .../loss_scale with fp16, .../elapsed_time_ms_forward, _backward, _step) so that dashboards
+// made for DeepSpeed runs work, with the step being samples seen (DeepSpeed's global_samples).
+// What DeepSpeed does not log gets a name in the same style, after the metrics.jsonl key
+// (README, "Watching a run"). The timed phases only when the interval had eager steps.
+std::vector<ScalarEvent> interval_events(const IntervalReport& report);
+std::vector<ScalarEvent> epoch_events(const EpochReport& report);
 
 // The interval's record in `metrics` (a closed writer writes nothing), and its log line on
 // stdout when `print`.

@@ -15,4 +15,10 @@ std::string default_run_dir();
 // every rank gets the path. Ends the job (agreed) with a ConfigError when it cannot be created.
 std::string create_run_directory(const Runtime& runtime, const std::string& requested);
 
+// Collective. Rank 0 creates `path` (a monitor's folder) with its parents, so that a folder
+// that cannot be made stops the job before training, with a ConfigError naming `options` (e.g.
+// "--tensorboard-output-path/--tensorboard-job-name") and the path.
+void create_output_directory(const Runtime& runtime, const std::string& path,
+                             const std::string& options);
+
 }  // namespace hpc_train

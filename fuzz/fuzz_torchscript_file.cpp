@@ -1,6 +1,6 @@
 // The TorchScript file checks before LibTorch loads a module (torchscript_file.h): the zip's
 // central directory (read_zip_directory), the version record and content identity
-// (read_torchscript_file_info), and every stored entry's bytes (read_stored_zip_entry).
+// (read_torchscript_file_info), and every entry's bytes (read_zip_member, io/zip_archive.h).
 #include "fuzz_support.h"
 #include "hpc_train/model/torchscript_file.h"
 
@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::fail_unless(entry.local_header_offset <= size && entry.compressed_bytes <= size,
                         "entry '" + entry.name + "' beyond the file");
       fuzz::parse_or_reject([&] {
-        const std::vector<uint8_t> bytes = read_stored_zip_entry(path, entry, 1 << 20);
+        const std::vector<uint8_t> bytes = read_zip_member(path, entry, 1 << 20);
         fuzz::fail_unless(bytes.size() == entry.uncompressed_bytes,
                           "entry '" + entry.name + "' read back at another size");
       });

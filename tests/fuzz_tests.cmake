@@ -25,7 +25,7 @@ set(HPC_TRAIN_FUZZ_RUNS_safetensors 196000)
 set(HPC_TRAIN_FUZZ_RUNS_deepspeed_config 140000)
 set(HPC_TRAIN_FUZZ_RUNS_config_ini 59000)
 set(HPC_TRAIN_FUZZ_RUNS_torchscript_file 40000)
-set(HPC_TRAIN_FUZZ_RUNS_npz 40000)
+set(HPC_TRAIN_FUZZ_RUNS_npz 200000)
 set(HPC_TRAIN_FUZZ_RUNS_cifar10_python 25000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
     config_ini torchscript_file npz cifar10_python)

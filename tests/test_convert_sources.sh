@@ -75,10 +75,10 @@ big-endian|bad.npz: y_train.npy: dtype '>i4' is big-endian
 fortran|bad.npz: x_train.npy: fortran_order is True
 truncated|bad.npz: not a zip archive
 truncated-member|bad.npz: x_train.npy: truncated: 2390 data bytes
-crc|bad.npz: zip member x_train.npy: CRC-32 mismatch
-truncated-deflate|bad.npz: zip member x_train.npy: the deflate stream ends early
+crc|bad.npz: zip entry "x_train.npy": CRC-32 mismatch
+truncated-deflate|bad.npz: zip entry "x_train.npy": the deflate stream ends early
 absurd-shape|bad.npz: x_train.npy: shape (4611686018427387904x4x4x3) of |u1 is over 2^63 bytes
-absurd-member|bad.npz: zip member x_train.npy: claims 4294967280 bytes from
+absurd-member|bad.npz: zip entry "x_train.npy": claims 4294967280 bytes from
 CASES
 echo "npz: 17 refusals, exit 3"
 

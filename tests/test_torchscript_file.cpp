@@ -139,13 +139,13 @@ TEST_F(TorchScriptFileTest, ReadsTheCentralDirectoryAndStoredEntries) {
       EXPECT_EQ(entries[i].local_header_offset, offset);
       offset += 30 + records[i].name.size() + records[i].data.size();
       if (records[i].method == 0) {
-        const std::vector<uint8_t> data = read_stored_zip_entry(path, entries[i], 1 << 20);
+        const std::vector<uint8_t> data = read_zip_member(path, entries[i], 1 << 20);
         EXPECT_EQ(std::string(data.begin(), data.end()), records[i].data);
       } else {
-        EXPECT_THROW(read_stored_zip_entry(path, entries[i], 1 << 20), DataError);
+        EXPECT_THROW(read_zip_member(path, entries[i], 1 << 20), DataError);
       }
     }
-    EXPECT_THROW(read_stored_zip_entry(path, entries[0], 3), DataError);  // over max_bytes
+    EXPECT_THROW(read_zip_member(path, entries[0], 3), DataError);  // over max_bytes
   }
 }
 
@@ -234,7 +234,7 @@ TEST_F(TorchScriptFileTest, RefusesAnEntryWhoseLocalHeaderIsNotThere) {
   const std::string path = write("local.pt", bytes);
   const std::vector<ZipEntry> entries = read_zip_directory(path);
   try {
-    read_stored_zip_entry(path, entries.at(0), 1 << 20);
+    read_zip_member(path, entries.at(0), 1 << 20);
     ADD_FAILURE() << "accepted";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("net/data/0"), std::string::npos) << e.what();

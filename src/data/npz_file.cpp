@@ -1,7 +1,5 @@
 #include "hpc_train/data/npz_file.h"
 
-#include <zlib.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <algorithm>
@@ -11,41 +9,18 @@
 
 #include "data/source_formats.h"
 #include "hpc_train/error.h"
+#include "hpc_train/io/zip_archive.h"
 #include "hpc_train/runtime/runtime.h"
 
 namespace hpc_train {
 namespace {
 
-// Zip's local file header (PKWARE APPNOTE.TXT 4.3.7).
-constexpr uint32_t kLocalHeaderSignature = 0x04034b50;
-constexpr uint64_t kLocalHeaderBytes = 30;
-constexpr uint16_t kStored = 0;
-constexpr uint16_t kDeflated = 8;
-constexpr uint16_t kEncryptedFlag = 1;
-// Deflate expands at most 1032:1 (zlib's FAQ; each 258-byte match costs at least 2 bits): a
-// member that claims more than that of its compressed bytes is refused before its buffer exists.
-constexpr uint64_t kMaxDeflateRatio = 1032;
-// zlib counts in uInt: large members go through in pieces.
-constexpr uint64_t kZlibPieceBytes = uint64_t{1} << 30;
 constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr size_t kNpyMagicBytes = 6;
 
 uint16_t u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
 uint32_t u32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
-struct FileCloser {
-  void operator()(std::FILE* file) const { std::fclose(file); }
-};
-using File = std::unique_ptr<std::FILE, FileCloser>;
-
-void read_at(std::FILE* file, const std::string& where, uint64_t offset, uint8_t* out,
-             uint64_t count) {
-  if (fseeko(file, static_cast<off_t>(offset), SEEK_SET) != 0)
-    throw DataError(where + "cannot seek: " + std::strerror(errno));
-  if (count > 0 && std::fread(out, 1, count, file) != count)
-    throw DataError(where + "the file ended early (truncated while being read?)");
 }
 
 // The tiny grammar of a .npy header: a Python dict literal of strings, booleans and tuples of
@@ -233,106 +208,6 @@ NpyArray parse_npy(const std::string& where_name, std::vector<uint8_t> bytes) {
   return array;
 }
 
-std::vector<uint8_t> read_zip_member(const std::string& path, const ZipEntry& entry) {
-  const std::string where = path + ": zip member " + entry.name + ": ";
-  File file(std::fopen(path.c_str(), "rb"));
-  if (!file) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  if (fseeko(file.get(), 0, SEEK_END) != 0) throw DataError(path + ": cannot seek");
-  const uint64_t file_bytes = static_cast<uint64_t>(ftello(file.get()));
-
-  if (entry.method != kStored && entry.method != kDeflated)
-    throw DataError(where + "compression method " + std::to_string(entry.method) +
-                    "; numpy.savez stores (0) or deflates (8)");
-  if (entry.method == kStored && entry.compressed_bytes != entry.uncompressed_bytes)
-    throw DataError(where + "stored, yet its compressed and uncompressed sizes differ");
-  if (entry.method == kDeflated &&
-      entry.uncompressed_bytes / kMaxDeflateRatio > entry.compressed_bytes)
-    throw DataError(where + "claims " + std::to_string(entry.uncompressed_bytes) +
-                    " bytes from " + std::to_string(entry.compressed_bytes) +
-                    " compressed ones, more than deflate can expand to");
-  const int64_t memory_bytes = physical_memory_bytes();
-  if (memory_bytes > 0 && entry.uncompressed_bytes > static_cast<uint64_t>(memory_bytes))
-    throw DataError(where + memory_text(static_cast<double>(entry.uncompressed_bytes)) +
-                    " uncompressed, more than this machine's memory (" +
-                    memory_text(static_cast<double>(memory_bytes)) + ")");
-
-  if (file_bytes < kLocalHeaderBytes || entry.local_header_offset > file_bytes - kLocalHeaderBytes)
-    throw DataError(where + "its local header lies outside the file (truncated?)");
-  uint8_t header[kLocalHeaderBytes];
-  read_at(file.get(), where, entry.local_header_offset, header, kLocalHeaderBytes);
-  if (u32(header) != kLocalHeaderSignature)
-    throw DataError(where + "no local header where the central directory points");
-  if (u16(header + 6) & kEncryptedFlag) throw DataError(where + "encrypted");
-  const uint64_t data_offset =
-      entry.local_header_offset + kLocalHeaderBytes + u16(header + 26) + u16(header + 28);
-  if (data_offset > file_bytes || entry.compressed_bytes > file_bytes - data_offset)
-    throw DataError(where + "its data runs past the end of the file (truncated)");
-
-  std::vector<uint8_t> compressed(entry.compressed_bytes);
-  read_at(file.get(), where, data_offset, compressed.data(), compressed.size());
-  std::vector<uint8_t> bytes;
-  if (entry.method == kStored) {
-    bytes = std::move(compressed);
-  } else {
-    bytes.resize(entry.uncompressed_bytes);
-    z_stream stream{};
-    if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw Error(where + "inflateInit2 failed");
-    uint64_t in_done = 0, out_done = 0;
-    Bytef empty_output = 0;
-    int status = Z_OK;
-    // Raw deflate (zip has no zlib header). Pieces of at most kZlibPieceBytes, fed as zlib
-    // consumes them.
-    while (status == Z_OK) {
-      if (stream.avail_in == 0) {
-        const uint64_t piece = std::min(kZlibPieceBytes, compressed.size() - in_done);
-        stream.next_in = compressed.data() + in_done;
-        stream.avail_in = static_cast<uInt>(piece);
-        in_done += piece;
-      }
-      if (stream.avail_out == 0) {
-        const uint64_t piece = std::min(kZlibPieceBytes, bytes.size() - out_done);
-        // zlib refuses a null next_out, which an empty vector's data() may be.
-        stream.next_out = bytes.empty() ? &empty_output : bytes.data() + out_done;
-        stream.avail_out = static_cast<uInt>(piece);
-        out_done += piece;
-      }
-      const uLong before_in = stream.total_in, before_out = stream.total_out;
-      status = inflate(&stream, Z_NO_FLUSH);
-      // No progress possible: input or output exhausted (Z_BUF_ERROR) with nothing left to give.
-      if ((status == Z_BUF_ERROR || status == Z_OK) && stream.total_in == before_in &&
-          stream.total_out == before_out &&
-          ((stream.avail_in == 0 && in_done == compressed.size()) ||
-           (stream.avail_out == 0 && out_done == bytes.size())))
-        break;
-      if (status == Z_BUF_ERROR) status = Z_OK;
-    }
-    const uint64_t produced = stream.total_out;
-    const char* message = stream.msg;
-    const std::string zlib_text = message ? message : "";
-    inflateEnd(&stream);
-    if (status != Z_STREAM_END) {
-      if (status == Z_OK || status == Z_BUF_ERROR)
-        throw DataError(where + "the deflate stream ends early or runs past its " +
-                        std::to_string(entry.uncompressed_bytes) +
-                        " uncompressed bytes (truncated or corrupt)");
-      throw DataError(where + "corrupt deflate data" +
-                      (zlib_text.empty() ? "" : " (" + zlib_text + ")"));
-    }
-    if (produced != entry.uncompressed_bytes)
-      throw DataError(where + "inflates to " + std::to_string(produced) +
-                      " bytes, the zip directory says " +
-                      std::to_string(entry.uncompressed_bytes));
-  }
-  const uint32_t crc = static_cast<uint32_t>(crc32_z(0, bytes.data(), bytes.size()));
-  if (crc != entry.crc32) {
-    char text[64];
-    std::snprintf(text, sizeof text, "CRC-32 mismatch: %08x, the zip directory says %08x", crc,
-                  entry.crc32);
-    throw DataError(where + text + " (corrupt)");
-  }
-  return bytes;
-}
-
 }  // namespace hpc_train
 
 // ---- The npz converter (source_formats.h)
@@ -460,7 +335,9 @@ DatasetContents read_npz_dataset(const std::string& path, const ConvertOptions& 
       throw DataError(path + ": no array " + name + " (zip member " + member + "); the file has " +
                       (listed.empty() ? std::string("no members") : listed) +
                       "; numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)");
-    arrays.push_back(parse_npy(path + ": " + member, read_zip_member(path, *found)));
+    // Every member is bounded by the memory check above.
+    arrays.push_back(parse_npy(path + ": " + member,
+                               read_zip_member(path, *found, std::numeric_limits<uint64_t>::max())));
   }
   const NpyArray &x_train = arrays[0], &y_train = arrays[1], &x_test = arrays[2],
                  &y_test = arrays[3];

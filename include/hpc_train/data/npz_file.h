@@ -1,15 +1,12 @@
 // The arrays of a NumPy .npz file (numpy.savez, numpy.savez_compressed): a zip archive of .npy
-// members, stored or deflated. The zip's central directory is read by read_zip_directory
-// (model/torchscript_file.h, zip64 included); here: each member's local header, inflating with
-// zlib, the CRC-32, and the .npy header (magic, version 1, 2 or 3, the dict of descr,
-// fortran_order and shape).
+// members, stored or deflated, read by io/zip_archive.h; here: the .npy header (magic, version
+// 1, 2 or 3, the dict of descr, fortran_order and shape) and its data.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "hpc_train/model/torchscript_file.h"
 
 namespace hpc_train {
 
@@ -32,12 +29,5 @@ struct NpyArray {
 // multi-byte dtype, fortran_order True, negative or overflowing sizes, and a data part shorter or
 // longer than the shape says.
 NpyArray parse_npy(const std::string& where, std::vector<uint8_t> bytes);
-
-// The uncompressed bytes of `entry` of the zip archive `path`: stored or deflated, CRC-checked.
-// Refuses (DataError naming the file and the member) other methods, encryption, a local header
-// that does not match, data past the end of the file, a member larger than this machine's memory
-// or than deflate can expand its compressed bytes to (checked before anything is allocated), a
-// truncated or corrupt deflate stream, and a CRC mismatch.
-std::vector<uint8_t> read_zip_member(const std::string& path, const ZipEntry& entry);
 
 }  // namespace hpc_train

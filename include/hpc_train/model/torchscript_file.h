@@ -14,40 +14,17 @@
 // torch.save (a pickled state_dict or nn.Module) writes the same zip layout with data.pkl and
 // data/ but no code: not a module LibTorch can run.
 //
-// Only the zip's central directory is read (the end of central directory record, zip64 when
-// the archive needs it, then every entry's header), and the bytes of the version records, which
-// PyTorch stores uncompressed.
+// Only the zip's central directory is read (io/zip_archive.h), and the bytes of the version
+// records, which PyTorch stores uncompressed.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "hpc_train/io/zip_archive.h"
+
 namespace hpc_train {
-
-// One entry of a zip archive's central directory.
-struct ZipEntry {
-  std::string name;                 // the full name in the archive, e.g. "net/code/__torch__/x.py"
-  uint16_t method = 0;              // 0 stored, 8 deflated, ...
-  uint32_t crc32 = 0;               // of the uncompressed bytes
-  uint64_t compressed_bytes = 0;
-  uint64_t uncompressed_bytes = 0;
-  uint64_t local_header_offset = 0;
-};
-
-// Reads the central directory of the zip archive `path`. Throws DataError naming the file when
-// it cannot be opened, is not a zip archive, or its directory is truncated or inconsistent
-// (entries that run past the directory or the file, more than kMaxZipEntries entries, a
-// directory larger than kMaxZipDirectoryBytes).
-std::vector<ZipEntry> read_zip_directory(const std::string& path);
-inline constexpr uint64_t kMaxZipEntries = 1'000'000;
-inline constexpr uint64_t kMaxZipDirectoryBytes = uint64_t{64} << 20;
-
-// The bytes of a stored (uncompressed) entry of `path`, at most `max_bytes` of them. Throws
-// DataError naming the file and the entry for a compressed entry, a larger one, or a local
-// header that does not match the directory.
-std::vector<uint8_t> read_stored_zip_entry(const std::string& path, const ZipEntry& entry,
-                                           uint64_t max_bytes);
 
 // What a PyTorch zip archive says about itself.
 struct TorchScriptFileInfo {
@@ -71,7 +48,7 @@ struct TorchScriptFileInfo {
 // archive, when its first entry is not in a folder (PyTorch's reader takes that folder as the
 // archive's; entries outside it are ignored, here too), when the archive has no version record,
 // or when the version record is not a decimal number (as read_zip_directory and
-// read_stored_zip_entry do for what they check). An archive without code is returned as such
+// read_zip_member do for what they check). An archive without code is returned as such
 // (has_code false): what that means is the caller's to say.
 TorchScriptFileInfo read_torchscript_file_info(const std::string& path);
 

@@ -5,6 +5,10 @@
 #   spack develop --path /path/to/hpc_train --no-clone hpc-train@0.1.0
 #   spack install hpc-train@0.1.0 +cuda cuda_arch=90 ^openmpi      # GPU build for H100/H200
 #   spack install hpc-train@0.1.0 ~cuda                             # CPU build
+# Written for Spack 0.22/0.23 (`from spack.package import *`, the c/cxx language virtuals). Spack
+# 1.0 moved the build systems out of spack.package: there, import CMakePackage and CudaPackage from
+# spack_repo.builtin.build_systems.cmake / .cuda and put the directory under
+# <repo>/spack_repo/<namespace>/packages/hpc_train/.
 # The dependencies are those of CMakeLists.txt and cmake/HpcTrainDependencies.cmake;
 # tests/test_spack_recipe.py (CTest test_spack_recipe) checks that the two stay in step.
 

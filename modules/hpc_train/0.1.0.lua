@@ -6,8 +6,8 @@ local version = "0.1.0"
 local root = os.getenv("HPC_TRAIN_PREFIX") or "/opt/hpc_train/" .. version
 -- The MPI, HDF5 and CUDA hpc_train was built with: their bin and lib directories outside the
 -- system's, recorded when the build was configured. cmake --install fills them in (the line
--- below, exactly, is replaced by cmake/HpcTrainWriteModulefiles.cmake); this copy knows no
--- build, so it loads the site's modules instead.
+-- below, exactly, is replaced by cmake/HpcTrainWriteModulefiles.cmake). The repository's copy
+-- records none (nil) and loads the site's modules instead.
 local built_with = nil
 
 help([[

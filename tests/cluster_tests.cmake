@@ -35,9 +35,13 @@ set_property(TEST test_slurm_requeue APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_SL
 set_tests_properties(test_slurm_requeue PROPERTIES FIXTURES_REQUIRED slurm SKIP_RETURN_CODE 77)
 
 # modules/: Lmod's syntax checks; module load/unload of the Lua and Tcl modulefiles and of the
-# copy that `cmake --install` writes (into a prefix under the test's work directory).
+# copies that `cmake --install` writes (into a prefix under the test's work directory), which
+# prepend the MPI/HDF5/CUDA directories this build recorded (cmake/HpcTrainInstall.cmake).
 hpc_train_add_script_test(NAME test_lmod_module SCRIPT slurm/test_lmod_module.sh
   TIMEOUT 120 LABELS modules)
+string(REPLACE ";" ":" module_bin_dirs "${HPC_TRAIN_MODULE_BIN_DIRS}")
+string(REPLACE ";" ":" module_lib_dirs "${HPC_TRAIN_MODULE_LIB_DIRS}")
 set_property(TEST test_lmod_module APPEND PROPERTY ENVIRONMENT
-  "HPC_TRAIN_BUILD_DIR=${PROJECT_BINARY_DIR};HPC_TRAIN_CMAKE=${CMAKE_COMMAND}")
+  "HPC_TRAIN_BUILD_DIR=${PROJECT_BINARY_DIR};HPC_TRAIN_CMAKE=${CMAKE_COMMAND}"
+  "HPC_TRAIN_MODULE_BIN_DIRS=${module_bin_dirs};HPC_TRAIN_MODULE_LIB_DIRS=${module_lib_dirs}")
 set_tests_properties(test_lmod_module PROPERTIES SKIP_RETURN_CODE 77)

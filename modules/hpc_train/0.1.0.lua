@@ -4,6 +4,11 @@
 -- also writes a copy of this file with its own prefix filled in, under share/modulefiles).
 local version = "0.1.0"
 local root = os.getenv("HPC_TRAIN_PREFIX") or "/opt/hpc_train/" .. version
+-- The MPI, HDF5 and CUDA hpc_train was built with: their bin and lib directories outside the
+-- system's, recorded when the build was configured. cmake --install fills them in (the line
+-- below, exactly, is replaced by cmake/HpcTrainWriteModulefiles.cmake). The repository's copy
+-- records none (nil) and loads the site's modules instead.
+local built_with = nil
 
 help([[
 hpc_train ]] .. version .. [[: data-parallel training of image classifiers on GPU clusters
@@ -18,13 +23,33 @@ whatis("Name: hpc_train")
 whatis("Version: " .. version)
 whatis("Description: data-parallel training (MPI, NCCL, LibTorch, HDF5)")
 
--- Load the site's MPI, CUDA and HDF5 modules where the site has them.
-for _, dependency in ipairs({"openmpi", "cuda", "hdf5"}) do
-  if not isloaded(dependency) and isAvail(dependency) then
-    load(dependency)
+-- One hpc_train at a time (Lmod swaps versions by itself; Environment Modules needs this).
+conflict("hpc_train")
+
+-- prepend_existing(variable, dirs): prepends the directories of dirs that exist, the first of
+-- dirs ending up first. A path that does not exist (another node's layout, a removed MPI) is
+-- not added: it would only slow every lookup down.
+local function prepend_existing(variable, dirs)
+  for i = #dirs, 1, -1 do
+    if isDir(dirs[i]) then
+      prepend_path(variable, dirs[i])
+    end
+  end
+end
+
+if built_with then
+  -- The libraries the build linked against, not whatever the site's default modules are now.
+  prepend_existing("PATH", built_with.bin_dirs)
+  prepend_existing("LD_LIBRARY_PATH", built_with.lib_dirs)
+else
+  -- Load the site's MPI, CUDA and HDF5 modules where the site has them.
+  for _, dependency in ipairs({"openmpi", "cuda", "hdf5"}) do
+    if not isloaded(dependency) and isAvail(dependency) then
+      load(dependency)
+    end
   end
 end
 
 setenv("HPC_TRAIN_ROOT", root)
-prepend_path("PATH", pathJoin(root, "bin"))
-prepend_path("LD_LIBRARY_PATH", pathJoin(root, "lib"))
+prepend_existing("PATH", {pathJoin(root, "bin")})
+prepend_existing("LD_LIBRARY_PATH", {pathJoin(root, "lib")})

@@ -34,3 +34,6 @@ hpc_train_add_test(NAME test_tensorboard_events SOURCES test_tensorboard_events.
 # blocks.
 hpc_train_add_script_test(NAME test_tensorboard_run SCRIPT test_tensorboard_run.sh TIMEOUT 400)
 set_tests_properties(test_tensorboard_run PROPERTIES SKIP_RETURN_CODE 77)
+
+# Note [ETA]'s arithmetic (pure functions); test_end_to_end checks a real run's lines.
+hpc_train_add_test(NAME test_eta SOURCES test_eta.cpp RANKS 1 LIBS hpc_train_engine TIMEOUT 60)

@@ -34,3 +34,13 @@ hpc_train_add_test(NAME test_tensorboard_events SOURCES test_tensorboard_events.
 # blocks.
 hpc_train_add_script_test(NAME test_tensorboard_run SCRIPT test_tensorboard_run.sh TIMEOUT 400)
 set_tests_properties(test_tensorboard_run PROPERTIES SKIP_RETURN_CODE 77)
+
+# Note [ETA]'s arithmetic (pure functions); test_end_to_end checks a real run's lines.
+hpc_train_add_test(NAME test_eta SOURCES test_eta.cpp RANKS 1 LIBS hpc_train_engine TIMEOUT 60)
+
+# hpc_train_report on a real short CPU run (tests/test_report.sh); skipped where no python3 has
+# matplotlib and PIL (run.sh installs python3-matplotlib python3-pil).
+hpc_train_add_script_test(NAME test_report SCRIPT test_report.sh TIMEOUT 400)
+set_tests_properties(test_report PROPERTIES SKIP_RETURN_CODE 77)
+set_property(TEST test_report APPEND PROPERTY ENVIRONMENT
+             "HPC_TRAIN_REPORT=${PROJECT_BINARY_DIR}/hpc_train_report")

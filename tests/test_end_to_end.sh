@@ -15,6 +15,13 @@ timeout 500 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --dataset slice.h5 --e
   --micro-batch 16 --log-every 10 --run-dir run | tee train.out
 
 grep -qE '^Epoch \[1/1\], Step \[10/42\], Loss: [0-9.]+' train.out
+# Note [ETA]: every interval line ends with the epoch's and the run's; the last step has none
+# left (one epoch: no evaluation time is known yet, so the run's is the epoch's).
+step_lines=$(grep -cE '^Epoch \[1/1\], Step \[' train.out)
+eta_lines=$(grep -cE '^Epoch \[1/1\], Step \[[0-9]+/42\], Loss: .*; ETA epoch [0-9]+:[0-5][0-9], run [0-9]+:[0-5][0-9]$' train.out)
+[ "$step_lines" -eq 5 ] && [ "$eta_lines" -eq 5 ] || {
+  echo "ETA: $eta_lines of $step_lines interval lines (5 expected) end with it"; exit 1; }
+grep -qE '^Epoch \[1/1\], Step \[42/42\], .*; ETA epoch 0:00, run 0:00$' train.out
 for f in config.ini metrics.jsonl summary.json; do [ -s "run/$f" ] || { echo "run/$f missing"; exit 1; }; done
 grep -q '^micro_batch = 16' run/config.ini
 python3 - <<'PY'
@@ -29,5 +36,12 @@ assert summary["test_accuracy"] > 0.70, f"test accuracy {summary['test_accuracy'
 assert summary["samples_per_s"] > 0 and summary["wall_s"] > 0
 kinds = [r["kind"] for r in records]
 assert kinds.count("train") == 5 and kinds.count("epoch") == 1, kinds
+# Note [ETA]: the steps left in the epoch times the interval's step time.
+for r in records:
+    if r["kind"] != "train":
+        continue
+    expected_s = (42 - r["step_in_epoch"]) * r["ms_per_step"] / 1e3
+    assert abs(r["eta_epoch_s"] - expected_s) <= 1e-9 * max(1.0, expected_s), (r, expected_s)
+    assert r["eta_run_s"] == r["eta_epoch_s"], r
 PY
 echo "end-to-end passed"

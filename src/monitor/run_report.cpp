@@ -1,6 +1,7 @@
 #include "hpc_train/monitor/run_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 
@@ -49,8 +50,53 @@ nlohmann::json StepBreakdown::to_json() const {
           {"busbw_gb_s", busbw_gb_s}};
 }
 
-void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print) {
+StepsLeft steps_left(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                     int64_t global_step, int64_t max_steps) {
+  StepsLeft left;
+  // An epoch has steps_per_epoch steps, give or take one (trainer.cpp): never below 0.
+  left.epoch = std::max<int64_t>(0, steps_per_epoch - (step_in_epoch + 1));
+  left.run = left.epoch + std::max(0, epochs - epoch - 1) * steps_per_epoch;
+  if (max_steps > 0) {
+    left.run = std::min(left.run, std::max<int64_t>(0, max_steps - global_step));
+    left.epoch = std::min(left.epoch, left.run);
+  }
+  // This epoch's end is still to come (an epoch stopped by --max-steps is evaluated too), then
+  // one for each (part of an) epoch of the steps after it.
+  const int64_t later_steps = left.run - left.epoch;
+  left.evaluations = 1 + (later_steps + steps_per_epoch - 1) / std::max<int64_t>(1, steps_per_epoch);
+  return left;
+}
+
+Eta estimate_eta(const StepsLeft& left, double ms_per_step, double evaluation_s) {
+  Eta eta;
+  eta.epoch_s = static_cast<double>(left.epoch) * ms_per_step / 1e3;
+  eta.run_s = static_cast<double>(left.run) * ms_per_step / 1e3 +
+              static_cast<double>(left.evaluations) * evaluation_s;
+  return eta;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long long whole_s = std::llround(seconds);
+  char text[48];
+  if (whole_s < 3600)
+    std::snprintf(text, sizeof text, "%lld:%02lld", whole_s / 60, whole_s % 60);
+  else
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", whole_s / 3600, whole_s / 60 % 60,
+                  whole_s % 60);
+  return text;
+}
+
+std::string describe_eta(const Eta& eta) {
+  return "ETA epoch " + format_duration(eta.epoch_s) + ", run " + format_duration(eta.run_s);
+}
+
+void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print,
+                     double evaluation_s) {
   const StepBreakdown& b = r.breakdown;
+  const Eta eta = estimate_eta(steps_left(r.epoch, r.epochs, r.step_in_epoch, r.steps_per_epoch,
+                                          r.global_step, r.max_steps),
+                               r.ms_per_step, evaluation_s);
   nlohmann::json record = {{"kind", "train"},
                            {"epoch", r.epoch + 1},
                            {"step", r.global_step},
@@ -65,7 +111,9 @@ void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print) 
                            {"skipped_steps", r.skipped_steps},
                            {"parameter_bytes", r.memory.parameters},
                            {"gradient_bytes", r.memory.gradients},
-                           {"optimizer_state_bytes", r.memory.optimizer_state}};
+                           {"optimizer_state_bytes", r.memory.optimizer_state},
+                           {"eta_epoch_s", eta.epoch_s},
+                           {"eta_run_s", eta.run_s}};
   record.update(b.to_json());
   if (r.gpu) record.update(r.gpu->to_json());
   metrics.write(record);
@@ -83,20 +131,22 @@ void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print) 
       std::printf(", loss scale %g, skipped %lld", r.loss_scale,
                   static_cast<long long>(r.skipped_steps));
     if (r.gpu && r.gpu->measured) std::printf("; %s", r.gpu->describe().c_str());
-    std::printf("\n");
+    // Last, so that the fields before keep their places (scripts read them).
+    std::printf("; %s\n", describe_eta(eta).c_str());
   }
   std::fflush(stdout);
 }
 
 void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                        double loss) {
+                        double loss, const std::string& rate_and_eta) {
   constexpr int kBarWidth = 30;
   const int filled = static_cast<int>(kBarWidth * (step_in_epoch + 1) / steps_per_epoch);
   std::string bar(filled, '#');
   bar.resize(kBarWidth, '.');
-  std::printf("\rEpoch [%d/%d] [%s] %lld/%lld Loss: %.4f", epoch + 1, epochs, bar.c_str(),
+  // Trailing blanks cover what a longer previous drawing left.
+  std::printf("\rEpoch [%d/%d] [%s] %lld/%lld Loss: %.4f%s    ", epoch + 1, epochs, bar.c_str(),
               static_cast<long long>(step_in_epoch + 1), static_cast<long long>(steps_per_epoch),
-              loss);
+              loss, rate_and_eta.c_str());
   std::fflush(stdout);
 }
 
@@ -181,14 +231,26 @@ void RunReporter::run_start(const RunStart& s) {
 }
 
 void RunReporter::interval(const IntervalReport& report) {
-  report_interval(report, metrics_, printing_ && !progress_bar_);
+  recent_samples_per_s_ = report.samples_per_s;
+  recent_ms_per_step_ = report.ms_per_step;
+  max_steps_ = report.max_steps;
+  report_interval(report, metrics_, printing_ && !progress_bar_, evaluation_s_);
   monitor(interval_events(report));
 }
 
 void RunReporter::progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                           double loss) {
-  if (printing_ && progress_bar_)
-    print_progress_bar(epoch, epochs, step_in_epoch, steps_per_epoch, loss);
+                           int64_t global_step, double loss) {
+  if (!printing_ || !progress_bar_) return;
+  std::string rate_and_eta;
+  if (recent_ms_per_step_ > 0) {
+    const Eta eta = estimate_eta(
+        steps_left(epoch, epochs, step_in_epoch, steps_per_epoch, global_step, max_steps_),
+        recent_ms_per_step_, evaluation_s_);
+    char rate[64];
+    std::snprintf(rate, sizeof rate, ", %.1f samples/s, ", recent_samples_per_s_);
+    rate_and_eta = rate + describe_eta(eta);
+  }
+  print_progress_bar(epoch, epochs, step_in_epoch, steps_per_epoch, loss, rate_and_eta);
 }
 
 void RunReporter::end_progress() {
@@ -209,6 +271,7 @@ void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
 }
 
 void RunReporter::epoch(const EpochReport& r) {
+  evaluation_s_ = std::max(0.0, r.wall_s - r.train_s);
   metrics_.write({{"kind", "epoch"},
                   {"epoch", r.epoch + 1},
                   {"complete", r.complete},

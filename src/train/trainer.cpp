@@ -287,6 +287,7 @@ struct Trainer::Impl {
     line.steps_per_epoch = steps_per_epoch;
     line.global_step = global_step;
     line.global_samples = samples_seen(global_step);
+    line.max_steps = config.max_steps;
     line.loss = loss;
     line.lr = report.last_lr;
     line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
@@ -441,7 +442,8 @@ struct Trainer::Impl {
         } else {
           throughput.step_ended(global_step, batch_size * config.grad_accum);
         }
-        reporter.progress(epoch, config.epochs, step_in_epoch, steps_per_epoch, shown_loss);
+        reporter.progress(epoch, config.epochs, step_in_epoch, steps_per_epoch, global_step,
+                          shown_loss);
         ++step_in_epoch;
         auto here = [&] {
           return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);

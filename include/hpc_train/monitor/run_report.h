@@ -136,6 +136,7 @@ struct IntervalReport {
   int64_t steps_per_epoch = 0;
   int64_t global_step = 0;
   int64_t global_samples = 0;  // global_step x global batch, as DeepSpeed counts global_samples
+  int64_t max_steps = 0;  // --max-steps (the run ends there); 0 = none
   double loss = 0.0;  // mean over the interval's micro-batches and the ranks
   double lr = 0.0;
   double samples_per_s = 0.0;
@@ -148,6 +149,34 @@ struct IntervalReport {
   StepBreakdown breakdown;
   std::optional<GpuSpread> gpu;  // GPU runs
 };
+
+// Note [ETA]: what is left of an epoch and of the run, for the log line and the bar (and
+// metrics.jsonl's eta_epoch_s, eta_run_s), so that a Slurm user can size --time. The steps left
+// times the recent step time (the last log interval's ms_per_step), and for the run also the
+// evaluations left times the last epoch's evaluation time (none is known before the first
+// epoch's end: until then the run's ETA counts the steps only). Pure arithmetic, tested alone.
+struct StepsLeft {
+  int64_t epoch = 0;       // optimizer steps left in this epoch, after the step just taken
+  int64_t run = 0;         // in the whole run (--epochs, cut by --max-steps)
+  int64_t evaluations = 0; // epoch ends still to come, each evaluated (this epoch's included)
+};
+// After step `step_in_epoch` (0-based) of epoch `epoch` (0-based) of `epochs`, the run's
+// `global_step`-th; `max_steps` 0 = no --max-steps.
+StepsLeft steps_left(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
+                     int64_t global_step, int64_t max_steps);
+
+struct Eta {
+  double epoch_s = 0.0;  // this epoch's training steps
+  double run_s = 0.0;    // the run's steps and evaluations
+};
+// `evaluation_s`: one evaluation's time, 0 = not known yet.
+Eta estimate_eta(const StepsLeft& left, double ms_per_step, double evaluation_s);
+
+// "0:07", "3:41", "1:02:03" (m:ss below an hour, else h:mm:ss); "?" for a time that is not a
+// finite non-negative number.
+std::string format_duration(double seconds);
+// "ETA epoch 0:12, run 3:41"
+std::string describe_eta(const Eta& eta);
 
 // Where a run's reports go.
 struct TrainerOutput {
@@ -203,9 +232,10 @@ class RunReporter {
   void run_start(const RunStart& start);
   // The interval's record, and its log line unless the progress bar is shown.
   void interval(const IntervalReport& report);
-  // The bar at `step_in_epoch` (0-based), when shown.
+  // The bar at `step_in_epoch` (0-based), the run's `global_step`-th, when shown; its rate and
+  // ETA are the last interval's (Note [ETA]).
   void progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                double loss);
+                int64_t global_step, double loss);
   // Ends the bar's line (an epoch's loop is over), when shown.
   void end_progress();
   void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
@@ -217,6 +247,11 @@ class RunReporter {
 
   bool printing_ = false;
   bool progress_bar_ = false;
+  // Note [ETA]: the last interval's rate and the last epoch's evaluation time.
+  double recent_samples_per_s_ = 0.0;
+  double recent_ms_per_step_ = 0.0;  // 0 = no interval yet
+  int64_t max_steps_ = 0;
+  double evaluation_s_ = 0.0;        // 0 = no epoch ended yet
   JsonlWriter metrics_;
   TensorBoardWriter tensorboard_;
   CsvMonitorWriter csv_monitor_;
@@ -233,11 +268,14 @@ std::vector<ScalarEvent> epoch_events(const EpochReport& report);
 
 // The interval's record in `metrics` (a closed writer writes nothing), and its log line on
 // stdout when `print`.
-void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool print);
+// `evaluation_s` as estimate_eta's.
+void report_interval(const IntervalReport& report, JsonlWriter& metrics, bool print,
+                     double evaluation_s = 0.0);
 
-// "\rEpoch [e/E] [#####.....] s/S Loss: x", redrawn in place (a terminal).
+// "\rEpoch [e/E] [#####.....] s/S Loss: x", redrawn in place (a terminal), then `rate_and_eta`
+// (", 401.7 samples/s, ETA epoch 0:12, run 3:41"; empty before the first log interval).
 void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                        double loss);
+                        double loss, const std::string& rate_and_eta = "");
 
 // Training throughput of this rank over the run's steady state: from the end of the first step
 // (set-up and first-use costs), or of the step that captured the CUDA graph, to the end.

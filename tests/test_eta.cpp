@@ -1,0 +1,88 @@
+// Note [ETA]'s arithmetic: the steps left in an epoch and in the run (--epochs, --max-steps,
+// an epoch a step longer than planned), the evaluations still to come, the seconds from the
+// recent step time, and how a duration is written. tests/test_end_to_end.sh checks that a real
+// run's log lines carry it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "hpc_train/monitor/run_report.h"
+
+using namespace hpc_train;
+
+TEST(StepsLeft, CountsTheEpochAndTheEpochsAfterIt) {
+  // Step 10 (1-based) of 42 in epoch 1 of 3: 32 left in it, then 2 x 42.
+  const StepsLeft left = steps_left(/*epoch=*/0, /*epochs=*/3, /*step_in_epoch=*/9,
+                                    /*steps_per_epoch=*/42, /*global_step=*/10, /*max_steps=*/0);
+  EXPECT_EQ(left.epoch, 32);
+  EXPECT_EQ(left.run, 32 + 2 * 42);
+  EXPECT_EQ(left.evaluations, 3);
+}
+
+TEST(StepsLeft, TheLastStepLeavesOnlyTheLastEvaluation) {
+  const StepsLeft left = steps_left(2, 3, 41, 42, 126, 0);
+  EXPECT_EQ(left.epoch, 0);
+  EXPECT_EQ(left.run, 0);
+  EXPECT_EQ(left.evaluations, 1);
+}
+
+TEST(StepsLeft, MaxStepsCutsTheRunAndTheEpoch) {
+  // --max-steps 50 at global step 10: 40 left, 32 of them in this epoch, 8 in the next.
+  StepsLeft left = steps_left(0, 3, 9, 42, 10, 50);
+  EXPECT_EQ(left.epoch, 32);
+  EXPECT_EQ(left.run, 40);
+  EXPECT_EQ(left.evaluations, 2);
+  // --max-steps 20: the run ends inside this epoch.
+  left = steps_left(0, 3, 9, 42, 10, 20);
+  EXPECT_EQ(left.epoch, 10);
+  EXPECT_EQ(left.run, 10);
+  EXPECT_EQ(left.evaluations, 1);
+  // Reached: nothing left but the stopped epoch's evaluation.
+  left = steps_left(0, 3, 19, 42, 20, 20);
+  EXPECT_EQ(left.epoch, 0);
+  EXPECT_EQ(left.run, 0);
+  EXPECT_EQ(left.evaluations, 1);
+}
+
+TEST(StepsLeft, AResumedRunCountsFromItsGlobalStep) {
+  // Resumed in epoch 2 of 2 at its step 5 (global step 47), --max-steps 60.
+  const StepsLeft left = steps_left(1, 2, 4, 42, 47, 60);
+  EXPECT_EQ(left.epoch, 13);
+  EXPECT_EQ(left.run, 13);
+}
+
+TEST(StepsLeft, AnEpochLongerThanPlannedNeverGoesNegative) {
+  // An epoch has steps_per_epoch steps, give or take one.
+  const StepsLeft left = steps_left(0, 2, 42, 42, 43, 0);
+  EXPECT_EQ(left.epoch, 0);
+  EXPECT_EQ(left.run, 42);
+  EXPECT_EQ(left.evaluations, 2);
+}
+
+TEST(EstimateEta, StepsTimesTheStepTimePlusEvaluations) {
+  const StepsLeft left{32, 116, 3};
+  Eta eta = estimate_eta(left, /*ms_per_step=*/250.0, /*evaluation_s=*/0.0);
+  EXPECT_DOUBLE_EQ(eta.epoch_s, 8.0);
+  EXPECT_DOUBLE_EQ(eta.run_s, 29.0);
+  eta = estimate_eta(left, 250.0, /*evaluation_s=*/4.0);
+  EXPECT_DOUBLE_EQ(eta.epoch_s, 8.0);  // the epoch's training loop only
+  EXPECT_DOUBLE_EQ(eta.run_s, 29.0 + 3 * 4.0);
+}
+
+TEST(FormatDuration, MinutesAndSecondsThenHours) {
+  EXPECT_EQ(format_duration(0.0), "0:00");
+  EXPECT_EQ(format_duration(7.4), "0:07");
+  EXPECT_EQ(format_duration(59.6), "1:00");
+  EXPECT_EQ(format_duration(221.0), "3:41");
+  EXPECT_EQ(format_duration(3599.0), "59:59");
+  EXPECT_EQ(format_duration(3723.0), "1:02:03");
+  EXPECT_EQ(format_duration(50 * 3600.0 + 61), "50:01:01");
+  EXPECT_EQ(format_duration(-1.0), "?");
+  EXPECT_EQ(format_duration(std::numeric_limits<double>::infinity()), "?");
+  EXPECT_EQ(format_duration(std::nan("")), "?");
+}
+
+TEST(DescribeEta, NamesTheEpochAndTheRun) {
+  EXPECT_EQ(describe_eta({12.0, 221.0}), "ETA epoch 0:12, run 3:41");
+}

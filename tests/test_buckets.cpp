@@ -67,16 +67,38 @@ TEST(BucketLayout, PadsEachBucketToTheWorldSize) {
   EXPECT_EQ(layout.spans[0].numel, 7);
   EXPECT_EQ(layout.spans[0].padded_numel, 9);
   EXPECT_EQ(layout.spans[0].slice_numel, 3);
-  EXPECT_EQ(layout.spans[1].offset, 9);
-  EXPECT_EQ(layout.spans[1].padded_numel, 9);
-  EXPECT_EQ(layout.slots[2].offset, 9 + 5);
-  EXPECT_EQ(layout.total_numel, 18);
-  EXPECT_EQ(layout.partition_numel, 6);  // 3 + 3: 1/3 of the padded total
+  // The second bucket starts at the next slot boundary, and its second parameter at the one after
+  // its first: 5 elements at 16, 4 at 32, so 20 elements padded to 21.
+  EXPECT_EQ(layout.spans[1].offset, 16);
+  EXPECT_EQ(layout.slots[1].offset, 16);
+  EXPECT_EQ(layout.slots[2].offset, 32);
+  EXPECT_EQ(layout.spans[1].numel, 20);
+  EXPECT_EQ(layout.spans[1].padded_numel, 21);
+  EXPECT_EQ(layout.total_numel, 37);
+  EXPECT_EQ(layout.partition_numel, 10);  // 3 + 7: one third of each padded bucket
   EXPECT_EQ(layout.spans[1].partition_offset, 3);
   for (int world = 1; world <= 5; ++world) {
     const BucketLayout l = make_bucket_layout(buckets, numels, world);
-    EXPECT_EQ(l.partition_numel * world, l.total_numel);
-    EXPECT_LT(l.total_numel - 16, world * static_cast<int64_t>(l.spans.size()));
+    int64_t slices = 0;
+    for (const BucketLayout::Span& span : l.spans) {
+      EXPECT_EQ(span.padded_numel % world, 0);
+      EXPECT_LT(span.padded_numel - span.numel, world);
+      slices += span.slice_numel;
+    }
+    EXPECT_EQ(l.partition_numel, slices);
+  }
+}
+
+TEST(BucketLayout, EveryParameterStartsOnASlotBoundary) {
+  // An fc bias of 10 elements first (the ready order puts the head first), then odd sizes.
+  const std::vector<int64_t> numels = {10, 5120, 3, 64, 1, 1728};
+  for (int world = 1; world <= 3; ++world) {
+    const BucketLayout layout =
+        make_bucket_layout(assign_buckets(fp32(numels), 100, 4000), numels, world);
+    for (const BucketLayout::Slot& slot : layout.slots)
+      EXPECT_EQ(slot.offset % kSlotAlignmentElements, 0) << "world " << world;
+    for (const BucketLayout::Span& span : layout.spans)
+      EXPECT_EQ(span.offset % kSlotAlignmentElements, 0) << "world " << world;
   }
 }
 

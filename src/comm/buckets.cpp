@@ -50,6 +50,12 @@ std::vector<Bucket> assign_buckets(const std::vector<BucketParameter>& ready_ord
   return closed;
 }
 
+namespace {
+int64_t align_up(int64_t offset) {
+  return (offset + kSlotAlignmentElements - 1) / kSlotAlignmentElements * kSlotAlignmentElements;
+}
+}  // namespace
+
 BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
                                 const std::vector<int64_t>& parameter_numels, int world_size) {
   if (world_size < 1) throw Error("make_bucket_layout: world size must be at least 1");
@@ -61,19 +67,21 @@ BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
   int64_t partition_offset = 0;
   for (const Bucket& bucket : buckets) {
     BucketLayout::Span span;
-    span.offset = offset;
+    span.offset = align_up(offset);
+    int64_t end = span.offset;  // past the bucket's last parameter so far
     for (int index : bucket.parameters) {
       if (index < 0 || index >= static_cast<int>(parameter_numels.size()) || placed[index])
         throw Error("make_bucket_layout: parameter " + std::to_string(index) +
                     " is out of range or in two buckets");
       placed[index] = true;
-      layout.slots[index] = {offset + span.numel, parameter_numels[index]};
-      span.numel += parameter_numels[index];
+      layout.slots[index] = {align_up(end), parameter_numels[index]};
+      end = layout.slots[index].offset + parameter_numels[index];
     }
+    span.numel = end - span.offset;
     span.padded_numel = (span.numel + world_size - 1) / world_size * world_size;
     span.slice_numel = span.padded_numel / world_size;
     span.partition_offset = partition_offset;
-    offset += span.padded_numel;
+    offset = span.offset + span.padded_numel;
     partition_offset += span.slice_numel;
     layout.spans.push_back(span);
   }

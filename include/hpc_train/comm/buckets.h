@@ -11,6 +11,12 @@
 // is its slice of every bucket, concatenated. So a reduce-scatter or an all-gather of one bucket
 // is one equal-count collective (MPI_Ireduce_scatter_block, ncclReduceScatter), any parameter
 // count works at any world size, and padding costs less than W elements per bucket.
+//
+// Every bucket and every parameter starts on a boundary of kSlotAlignmentElements elements (the
+// gaps are zeros, inside a bucket reduced and updated like padding): LibTorch allocates each tensor
+// of its own 512-byte aligned, and kernels that read parameters with vector loads rely on that.
+// cuDNN's NHWC batch norm ended the step with "misaligned address" on a scale vector that a
+// 10-element fc bias had pushed 8 bytes off a 16-byte boundary (one H200, fp32, 2026-12-04).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,9 @@ namespace hpc_train {
 // Defaults, as PyTorch DDP: a small first bucket starts communication early in backward.
 inline constexpr double kDefaultBucketMiB = 25.0;
 inline constexpr double kDefaultFirstBucketMiB = 1.0;
+
+// 64 bytes in fp32, 32 in fp16/bf16: at least the 16 that vector loads need.
+inline constexpr int64_t kSlotAlignmentElements = 16;
 
 struct BucketParameter {
   int index = 0;          // position in the model's parameter list
@@ -51,7 +60,7 @@ struct BucketLayout {
   };
   struct Span {
     int64_t offset = 0;           // first element of the bucket in the flat buffers
-    int64_t numel = 0;            // its parameters' elements
+    int64_t numel = 0;            // its parameters' elements, alignment gaps between them included
     int64_t padded_numel = 0;     // a multiple of world_size
     int64_t slice_numel = 0;      // padded_numel / world_size: one rank's share
     int64_t partition_offset = 0; // where this bucket's slice sits in a rank's partition

@@ -31,13 +31,12 @@ void check_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string directory = fuzz::write_input_files("idx", data, size, kFiles);
-
-  fuzz::parse_or_reject([&] {
-    const DatasetContents contents =
-        read_source_dataset(SourceFormat::kMnist, directory, ConvertOptions{});
-    check_split(contents.info, contents.train_images, contents.train_labels);
-    check_split(contents.info, contents.test_images, contents.test_labels);
-  });
+  fuzz::convert_input_files(SourceFormat::kMnist, "idx", data, size, kFiles,
+                            [](const DatasetContents& contents) {
+                              check_split(contents.info, contents.train_images,
+                                          contents.train_labels);
+                              check_split(contents.info, contents.test_images,
+                                          contents.test_labels);
+                            });
   return 0;
 }

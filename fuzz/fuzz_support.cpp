@@ -19,6 +19,23 @@ void remove_scratch_directory() {
   fs::remove_all(scratch_directory(), ignored);
 }
 
+// Note [Several files in one input]: the input's files under `names` in a fresh scratch directory
+// `directory_name`; returns the directory.
+std::string write_input_files(const std::string& directory_name, const uint8_t* data, size_t size,
+                              const std::vector<std::string>& names) {
+  const std::string directory = scratch_path(directory_name);
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directory(directory);
+  std::string_view rest(reinterpret_cast<const char*>(data), size);
+  for (const std::string& name : names) {
+    const size_t separator = rest.find(kFileSeparator);
+    write_file(directory + "/" + name, rest.substr(0, separator));
+    if (separator == std::string_view::npos) break;  // the rest of the files do not exist
+    rest.remove_prefix(separator + kFileSeparator.size());
+  }
+  return directory;
+}
+
 }  // namespace
 
 const std::string& scratch_directory() {
@@ -48,19 +65,31 @@ void write_file(const std::string& path, std::string_view bytes) {
   }
 }
 
-std::string write_input_files(const std::string& directory_name, const uint8_t* data, size_t size,
-                              const std::vector<std::string>& names) {
-  const std::string directory = scratch_path(directory_name);
-  std::filesystem::remove_all(directory);
-  std::filesystem::create_directory(directory);
-  std::string_view rest(reinterpret_cast<const char*>(data), size);
-  for (const std::string& name : names) {
-    const size_t separator = rest.find(kFileSeparator);
-    write_file(directory + "/" + name, rest.substr(0, separator));
-    if (separator == std::string_view::npos) break;  // the rest of the files do not exist
-    rest.remove_prefix(separator + kFileSeparator.size());
-  }
-  return directory;
+void convert_input_files(SourceFormat format, const std::string& directory_name,
+                         const uint8_t* data, size_t size, const std::vector<std::string>& names,
+                         const std::function<void(const DatasetContents&)>& check) {
+  const std::string directory = write_input_files(directory_name, data, size, names);
+  parse_or_reject([&] { check(read_source_dataset(format, directory, ConvertOptions{})); });
+}
+
+namespace {
+
+void check_cifar10_split(const DatasetInfo& info, const std::vector<uint8_t>& images,
+                         const std::vector<int64_t>& labels) {
+  fail_unless(images.size() == labels.size() * 3 * 32 * 32,
+              "the image bytes are not labels x 3 x 32 x 32");
+  for (int64_t label : labels)
+    fail_unless(label >= 0 && label < info.num_classes, "a label outside the classes");
+}
+
+}  // namespace
+
+void check_cifar10_contents(const DatasetContents& contents) {
+  const DatasetInfo& info = contents.info;
+  fail_unless(info.channels == 3 && info.height == 32 && info.width == 32,
+              "the image shape is not 3x32x32");
+  check_cifar10_split(info, contents.train_images, contents.train_labels);
+  check_cifar10_split(info, contents.test_images, contents.test_labels);
 }
 
 void report_rejection(const Error& error) {

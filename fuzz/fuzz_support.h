@@ -12,11 +12,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "hpc_train/data/converters.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train::fuzz {
@@ -36,10 +38,16 @@ void write_file(const std::string& path, std::string_view bytes);
 // the files, in order; a part that the input does not reach is a file that does not exist. The
 // seed corpora hold such inputs (make_seeds.cpp).
 inline constexpr std::string_view kFileSeparator = "#FILE#";
-// Writes the input's files under `names` into a fresh scratch directory `directory_name`, and
-// returns the directory.
-std::string write_input_files(const std::string& directory_name, const uint8_t* data, size_t size,
-                              const std::vector<std::string>& names);
+// The converters' fuzz targets: writes the input's files under `names` into a fresh scratch
+// directory `directory_name`, converts that directory as `format` (read_source_dataset) and hands
+// what it read to `check` (fail_unless); a rejection is not a finding (parse_or_reject).
+void convert_input_files(SourceFormat format, const std::string& directory_name,
+                         const uint8_t* data, size_t size, const std::vector<std::string>& names,
+                         const std::function<void(const DatasetContents&)>& check);
+
+// What write_dataset_file relies on, for both CIFAR-10 converters (binary and python): 3x32x32
+// images, whole samples with one label each, labels inside the classes, in both splits.
+void check_cifar10_contents(const DatasetContents& contents);
 
 void report_rejection(const Error& error);  // parse_or_reject's
 

@@ -10,15 +10,7 @@ set -euo pipefail
 
 writer=${CHECKPOINT_WRITER:?set CHECKPOINT_WRITER to the checkpoint_writer executable}
 mpiexec=${MPIEXEC:-mpirun}
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
 # wait_for_lines FILE PATTERN COUNT: until FILE has COUNT lines matching PATTERN (20 s at most).
 wait_for_lines() {

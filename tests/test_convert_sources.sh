@@ -9,23 +9,12 @@ set -euo pipefail
 tool=${HPC_TRAIN_DATA:?set HPC_TRAIN_DATA to the hpc_train_data executable}
 python=${HPC_TRAIN_NUMPY_PYTHON:-python3}
 sources=${HPC_TRAIN_SOURCE_DIR:?set HPC_TRAIN_SOURCE_DIR to the source tree}/tests/support/source_datasets.py
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-# expect_failure CODE TEXT COMMAND...: COMMAND exits with CODE and its stderr contains TEXT.
-expect_failure() {
-  local code=$1 text=$2 status=0
+# expect_refused CODE TEXT COMMAND...: expect_failure, and out.h5 was not written.
+expect_refused() {
+  expect_failure "$@"
   shift 2
-  "$@" >stdout.txt 2>stderr.txt || status=$?
-  [[ $status == "$code" ]] || fail "$* exited with $status, expected $code: $(cat stderr.txt)"
-  grep -qF -- "$text" stderr.txt || fail "$*: stderr lacks '$text': $(cat stderr.txt)"
   [[ ! -e out.h5 ]] || fail "$*: wrote out.h5 although it failed"
 }
 
@@ -52,15 +41,15 @@ echo "npz: 24 files (3 layouts, stored and deflated, 4 label dtypes) converted a
 "$tool" convert npz in.npz out.h5 --num-classes 12 --max-train 5 | grep -qF "5 train, 12 test samples, 3x5x4, 12 classes" ||
   fail "--num-classes 12 --max-train 5"
 rm -f out.h5
-expect_failure 3 "is outside [0, 3)" "$tool" convert npz in.npz out.h5 --num-classes 3
-expect_failure 2 "--layout and --num-classes belong to convert npz" \
+expect_refused 3 "is outside [0, 3)" "$tool" convert npz in.npz out.h5 --num-classes 3
+expect_refused 2 "--layout and --num-classes belong to convert npz" \
   "$tool" convert cifar10 . out.h5 --layout nchw
-expect_failure 2 "unknown image layout 'nwhc'" "$tool" convert npz in.npz out.h5 --layout nwhc
+expect_refused 2 "unknown image layout 'nwhc'" "$tool" convert npz in.npz out.h5 --layout nwhc
 
 # --- npz refusals: each names the file and the member
 while IFS='|' read -r case text; do
   "$python" "$sources" bad-npz "$case" bad.npz
-  expect_failure 3 "$text" "$tool" convert npz bad.npz out.h5
+  expect_refused 3 "$text" "$tool" convert npz bad.npz out.h5
 done <<'CASES'
 not-zip|bad.npz: not a zip archive
 missing-array|bad.npz: no array x_test (zip member x_test.npy)
@@ -103,7 +92,7 @@ echo "cifar10-python: protocols py2, 2, 4, 5 equal the binary converter's output
 while IFS='|' read -r case text; do
   rm -rf bad_cifar
   "$python" "$sources" bad-pickle "$case" bad_cifar
-  expect_failure 3 "$text" "$tool" convert cifar10-python bad_cifar out.h5
+  expect_refused 3 "$text" "$tool" convert cifar10-python bad_cifar out.h5
 done <<'CASES'
 global|cifar-10-batches-py/data_batch_2: pickle global posix.system is not one this reader allows
 opcode|cifar-10-batches-py/data_batch_3: pickle opcode 0x47 ('G') is not one this reader handles
@@ -114,6 +103,6 @@ n-mismatch|cifar-10-batches-py/data_batch_5: 'data' has 8 images but 'labels' ha
 label-range|cifar-10-batches-py/test_batch: label[7] = 10 is outside [0, 10)
 CASES
 rm -rf bad_cifar && "$python" "$sources" cifar bad_cifar 4 --per-batch 2 && rm bad_cifar/cifar-10-batches-py/batches.meta
-expect_failure 3 "batches.meta: no such file" "$tool" convert cifar10-python bad_cifar out.h5
+expect_refused 3 "batches.meta: no such file" "$tool" convert cifar10-python bad_cifar out.h5
 echo "cifar10-python: 8 refusals, exit 3"
 echo "PASS"

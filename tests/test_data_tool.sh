@@ -5,15 +5,7 @@
 set -euo pipefail
 
 tool=${HPC_TRAIN_DATA:?set HPC_TRAIN_DATA to the hpc_train_data executable}
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
 # bytes B...: the given byte values, raw.
 bytes() {
@@ -44,13 +36,11 @@ idx_labels() {
   { bytes 0 0 8 1; u32 "$n"; bytes "${labels[@]}"; } >"$file"
 }
 
-# expect_failure CODE TEXT COMMAND...: COMMAND exits with CODE and its stderr contains TEXT.
-expect_failure() {
-  local code=$1 text=$2 status=0
+# expect_tool_error CODE TEXT COMMAND...: expect_failure, and the message has
+# hpc_train_data's prefix.
+expect_tool_error() {
+  expect_failure "$@"
   shift 2
-  "$@" >stdout.txt 2>stderr.txt || status=$?
-  [[ $status == "$code" ]] || fail "$* exited with $status, expected $code: $(cat stderr.txt)"
-  grep -qF -- "$text" stderr.txt || fail "$*: stderr lacks '$text': $(cat stderr.txt)"
   grep -qF "hpc_train_data: error: " stderr.txt || fail "$*: no 'hpc_train_data: error:' prefix"
 }
 
@@ -79,22 +69,22 @@ line=$("$tool" convert mnist idx small.h5 --max-train 5 --max-test 0)
 "$tool" inspect small.h5 | grep -qF "classes:         10: 0 0, 1 1, 2 2" || fail "mnist names"
 
 # --- usage errors: exit 2
-expect_failure 2 "unknown dataset format 'foo'" "$tool" convert foo idx x.h5
-expect_failure 2 "convert takes FORMAT SRC_DIR OUT.h5" "$tool" convert mnist idx
-expect_failure 2 "--max-train must be >= 0" "$tool" convert mnist idx x.h5 --max-train -1
-expect_failure 2 "unknown command 'frob'" "$tool" frob
-expect_failure 2 "no command given" "$tool"
-expect_failure 2 "inspect takes one FILE.h5" "$tool" inspect a.h5 b.h5
-expect_failure 2 "unrecognised option '--bogus'" "$tool" inspect out.h5 --bogus
+expect_tool_error 2 "unknown dataset format 'foo'" "$tool" convert foo idx x.h5
+expect_tool_error 2 "convert takes FORMAT SRC_DIR OUT.h5" "$tool" convert mnist idx
+expect_tool_error 2 "--max-train must be >= 0" "$tool" convert mnist idx x.h5 --max-train -1
+expect_tool_error 2 "unknown command 'frob'" "$tool" frob
+expect_tool_error 2 "no command given" "$tool"
+expect_tool_error 2 "inspect takes one FILE.h5" "$tool" inspect a.h5 b.h5
+expect_tool_error 2 "unrecognised option '--bogus'" "$tool" inspect out.h5 --bogus
 
 # --- data errors: exit 3, nothing written
 mkdir bad
 cp idx/* bad/
-bad_convert() { expect_failure 3 "$1" "$tool" convert mnist bad bad.h5; }
+bad_convert() { expect_tool_error 3 "$1" "$tool" convert mnist bad bad.h5; }
 
-expect_failure 3 "missing.h5: no such file" "$tool" inspect missing.h5
-expect_failure 3 "idx: is a directory" "$tool" inspect idx
-expect_failure 3 "inspect.txt: not an HDF5 file" "$tool" inspect inspect.txt
+expect_tool_error 3 "missing.h5: no such file" "$tool" inspect missing.h5
+expect_tool_error 3 "idx: is a directory" "$tool" inspect idx
+expect_tool_error 3 "inspect.txt: not an HDF5 file" "$tool" inspect inspect.txt
 
 idx_images bad/t10k-labels-idx1-ubyte 3 4 5
 bad_convert "t10k-labels-idx1-ubyte: wrong magic number 0x00000803, expected 0x00000801"
@@ -114,7 +104,7 @@ rm bad/t10k-labels-idx1-ubyte
 bad_convert "t10k-labels-idx1-ubyte: no such file (nor"
 [[ ! -e bad.h5 ]] || fail "a failed conversion left bad.h5"
 compgen -G "bad.h5.partial-*" >/dev/null && fail "a failed conversion left a temporary file"
-expect_failure 3 "no such directory" "$tool" convert mnist idx no/such/dir/x.h5
+expect_tool_error 3 "no such directory" "$tool" convert mnist idx no/such/dir/x.h5
 
 # --- CIFAR-10 binary: 5 train batches of 1 record, a test batch of 2; each image one value,
 # 64 + its label, so that the train images' std is not 0 (the writer refuses that)
@@ -126,7 +116,7 @@ line=$("$tool" convert cifar10 cifar cifar.h5)
 [[ $line == "wrote cifar.h5: 5 train, 2 test samples, 3x32x32, 10 classes" ]] || fail "cifar: $line"
 "$tool" inspect cifar.h5 | grep -qF "0 airplane, 1 automobile" || fail "cifar names"
 head -c 3000 /dev/zero >cifar/cifar-10-batches-bin/data_batch_2.bin
-expect_failure 3 "data_batch_2.bin: 3000 bytes is not a whole number of 3073-byte" \
+expect_tool_error 3 "data_batch_2.bin: 3000 bytes is not a whole number of 3073-byte" \
   "$tool" convert cifar10 cifar cifar2.h5
 
 echo "test_data_tool: all checks passed"

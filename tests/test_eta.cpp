@@ -13,15 +13,16 @@ using namespace hpc_train;
 
 TEST(StepsLeft, CountsTheEpochAndTheEpochsAfterIt) {
   // Step 10 (1-based) of 42 in epoch 1 of 3: 32 left in it, then 2 x 42.
-  const StepsLeft left = steps_left(/*epoch=*/0, /*epochs=*/3, /*step_in_epoch=*/9,
-                                    /*steps_per_epoch=*/42, /*global_step=*/10, /*max_steps=*/0);
+  const StepsLeft left =
+      steps_left({/*epoch=*/0, /*epochs=*/3, /*step_in_epoch=*/9, /*steps_per_epoch=*/42,
+                  /*global_step=*/10, /*max_steps=*/0});
   EXPECT_EQ(left.epoch, 32);
   EXPECT_EQ(left.run, 32 + 2 * 42);
   EXPECT_EQ(left.evaluations, 3);
 }
 
 TEST(StepsLeft, TheLastStepLeavesOnlyTheLastEvaluation) {
-  const StepsLeft left = steps_left(2, 3, 41, 42, 126, 0);
+  const StepsLeft left = steps_left({2, 3, 41, 42, 126, 0});
   EXPECT_EQ(left.epoch, 0);
   EXPECT_EQ(left.run, 0);
   EXPECT_EQ(left.evaluations, 1);
@@ -29,17 +30,17 @@ TEST(StepsLeft, TheLastStepLeavesOnlyTheLastEvaluation) {
 
 TEST(StepsLeft, MaxStepsCutsTheRunAndTheEpoch) {
   // --max-steps 50 at global step 10: 40 left, 32 of them in this epoch, 8 in the next.
-  StepsLeft left = steps_left(0, 3, 9, 42, 10, 50);
+  StepsLeft left = steps_left({0, 3, 9, 42, 10, 50});
   EXPECT_EQ(left.epoch, 32);
   EXPECT_EQ(left.run, 40);
   EXPECT_EQ(left.evaluations, 2);
   // --max-steps 20: the run ends inside this epoch.
-  left = steps_left(0, 3, 9, 42, 10, 20);
+  left = steps_left({0, 3, 9, 42, 10, 20});
   EXPECT_EQ(left.epoch, 10);
   EXPECT_EQ(left.run, 10);
   EXPECT_EQ(left.evaluations, 1);
   // Reached: nothing left but the stopped epoch's evaluation.
-  left = steps_left(0, 3, 19, 42, 20, 20);
+  left = steps_left({0, 3, 19, 42, 20, 20});
   EXPECT_EQ(left.epoch, 0);
   EXPECT_EQ(left.run, 0);
   EXPECT_EQ(left.evaluations, 1);
@@ -47,17 +48,23 @@ TEST(StepsLeft, MaxStepsCutsTheRunAndTheEpoch) {
 
 TEST(StepsLeft, AResumedRunCountsFromItsGlobalStep) {
   // Resumed in epoch 2 of 2 at its step 5 (global step 47), --max-steps 60.
-  const StepsLeft left = steps_left(1, 2, 4, 42, 47, 60);
+  const StepsLeft left = steps_left({1, 2, 4, 42, 47, 60});
   EXPECT_EQ(left.epoch, 13);
   EXPECT_EQ(left.run, 13);
 }
 
 TEST(StepsLeft, AnEpochLongerThanPlannedNeverGoesNegative) {
   // An epoch has steps_per_epoch steps, give or take one.
-  const StepsLeft left = steps_left(0, 2, 42, 42, 43, 0);
+  const StepsLeft left = steps_left({0, 2, 42, 42, 43, 0});
   EXPECT_EQ(left.epoch, 0);
   EXPECT_EQ(left.run, 42);
   EXPECT_EQ(left.evaluations, 2);
+}
+
+TEST(StepPosition, SamplesSeenAreTheStepsTimesTheGlobalBatch) {
+  // The monitors' x axis (Note [Monitor tags]): 10 steps of 16 x 2 micro-steps x 3 ranks.
+  const StepPosition at{0, 3, 9, 42, /*global_step=*/10, 0, /*global_batch=*/16 * 2 * 3};
+  EXPECT_EQ(at.samples_seen(), 960);
 }
 
 TEST(EstimateEta, StepsTimesTheStepTimePlusEvaluations) {

@@ -9,24 +9,7 @@ set -euo pipefail
 tool=${HPC_TRAIN_DATA:?set HPC_TRAIN_DATA to the hpc_train_data executable}
 writer=${CHECKPOINT_WRITER:?set CHECKPOINT_WRITER to the checkpoint_writer executable}
 support=${HPC_TRAIN_SOURCE_DIR:?set HPC_TRAIN_SOURCE_DIR to the source tree}/tests/support
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-# expect_failure CODE TEXT COMMAND...: COMMAND exits with CODE and its stderr contains TEXT.
-expect_failure() {
-  local code=$1 text=$2 status=0
-  shift 2
-  "$@" >stdout.txt 2>stderr.txt || status=$?
-  [[ $status == "$code" ]] || fail "$* exited with $status, expected $code: $(cat stderr.txt)"
-  grep -qF -- "$text" stderr.txt || fail "$*: stderr lacks '$text': $(cat stderr.txt)"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
 "$tool" --help | grep -qF "hpc_train_data export CHECKPOINT.h5 OUT.safetensors" || fail "--help"
 

@@ -5,19 +5,10 @@
 # unfinished last line) is drawn; a missing run directory (exit 2), a missing or corrupt
 # metrics.jsonl (exit 3) are refused with a message, writing nothing.
 set -euo pipefail
-work="$HPC_TRAIN_TEST_WORK"
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 [ -x "$HPC_TRAIN_REPORT" ] || { echo "$HPC_TRAIN_REPORT: missing or not executable"; exit 1; }
-# The first python3 on the PATH with matplotlib and PIL, else Debian's (which a python3 earlier
-# on the PATH, pyenv or a virtual environment, may hide).
-python=""
-for candidate in python3 /usr/bin/python3; do
-  if "$candidate" -c "import matplotlib, PIL" 2> /dev/null; then python=$candidate; break; fi
-done
-if [ -z "$python" ]; then
-  echo "SKIP: no Python with matplotlib and PIL (apt-get install python3-matplotlib python3-pil)"
-  exit 77
-fi
+python=$(python_with "matplotlib, PIL") ||
+  skip "no Python with matplotlib and PIL (apt-get install python3-matplotlib python3-pil)"
 source_dir=${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 "$HPC_TRAIN_DATA" convert fashion-mnist "$source_dir" x.h5 --max-train 1024 --max-test 256 > /dev/null
 # 2 ranks x micro-batch 16: 32 steps an epoch, a log line every 5 steps (7 an epoch).

@@ -6,17 +6,10 @@
 # csv_monitor blocks (output_path, job_name) and a wandb block: wandb is a warning naming it, the
 # run goes on, and the files are where the blocks say.
 set -euo pipefail
-work="$HPC_TRAIN_TEST_WORK"
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 reader="$HPC_TRAIN_SOURCE_DIR/tests/support/read_tfevents.py"
-python=""
-for candidate in python3 /usr/bin/python3; do
-  if "$candidate" -c "import google.protobuf" 2> /dev/null; then python=$candidate; break; fi
-done
-if [ -z "$python" ]; then
-  echo "SKIP: no Python with google.protobuf (apt-get install python3-protobuf)"
-  exit 77
-fi
+python=$(python_with google.protobuf) ||
+  skip "no Python with google.protobuf (apt-get install python3-protobuf)"
 source_dir=${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 "$HPC_TRAIN_DATA" convert fashion-mnist "$source_dir" small.h5 --max-train 600 --max-test 200 > /dev/null
 

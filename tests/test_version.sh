@@ -7,15 +7,7 @@ set -euo pipefail
 
 hpc_train=${HPC_TRAIN:?set HPC_TRAIN to the hpc_train executable}
 source_dir=${HPC_TRAIN_SOURCE_DIR:?set HPC_TRAIN_SOURCE_DIR to the source tree}
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
 "$hpc_train" --version >version.txt
 cat version.txt

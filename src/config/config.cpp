@@ -34,6 +34,7 @@
 #include <variant>
 #include <vector>
 
+#include "config/edit_distance.h"
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
@@ -281,21 +282,6 @@ bool is_flag(const OptionSpec& option) {
 }
 
 // --- Suggestions for misspelt names.
-
-size_t edit_distance(const std::string& from, const std::string& to) {
-  std::vector<size_t> row(to.size() + 1);
-  for (size_t j = 0; j <= to.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= from.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= to.size(); ++j) {
-      const size_t substituted = diagonal + (from[i - 1] == to[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
-    }
-  }
-  return row[to.size()];
-}
 
 // "; did you mean X?" for the nearest candidate, or "" when none is near.
 std::string suggestion(const std::string& name, const std::vector<std::string>& candidates) {

@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "config/edit_distance.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -139,21 +140,6 @@ const std::pair<const char*, const char*> kUnimplementedMonitors[] = {
 };
 
 bool is_auto(const json& value) { return value.is_string() && value.get<std::string>() == "auto"; }
-
-size_t edit_distance(const std::string& from, const std::string& to) {
-  std::vector<size_t> row(to.size() + 1);
-  for (size_t j = 0; j <= to.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= from.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= to.size(); ++j) {
-      const size_t substituted = diagonal + (from[i - 1] == to[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
-    }
-  }
-  return row[to.size()];
-}
 
 std::string join(const std::vector<std::string>& words, const char* separator) {
   std::string text;

@@ -50,20 +50,20 @@ nlohmann::json StepBreakdown::to_json() const {
           {"busbw_gb_s", busbw_gb_s}};
 }
 
-StepsLeft steps_left(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                     int64_t global_step, int64_t max_steps) {
+StepsLeft steps_left(const StepPosition& at) {
   StepsLeft left;
   // An epoch has steps_per_epoch steps, give or take one (trainer.cpp): never below 0.
-  left.epoch = std::max<int64_t>(0, steps_per_epoch - (step_in_epoch + 1));
-  left.run = left.epoch + std::max(0, epochs - epoch - 1) * steps_per_epoch;
-  if (max_steps > 0) {
-    left.run = std::min(left.run, std::max<int64_t>(0, max_steps - global_step));
+  left.epoch = std::max<int64_t>(0, at.steps_per_epoch - (at.step_in_epoch + 1));
+  left.run = left.epoch + std::max(0, at.epochs - at.epoch - 1) * at.steps_per_epoch;
+  if (at.max_steps > 0) {
+    left.run = std::min(left.run, std::max<int64_t>(0, at.max_steps - at.global_step));
     left.epoch = std::min(left.epoch, left.run);
   }
   // This epoch's end is still to come (an epoch stopped by --max-steps is evaluated too), then
   // one for each (part of an) epoch of the steps after it.
   const int64_t later_steps = left.run - left.epoch;
-  left.evaluations = 1 + (later_steps + steps_per_epoch - 1) / std::max<int64_t>(1, steps_per_epoch);
+  left.evaluations =
+      1 + (later_steps + at.steps_per_epoch - 1) / std::max<int64_t>(1, at.steps_per_epoch);
   return left;
 }
 
@@ -94,14 +94,13 @@ std::string describe_eta(const Eta& eta) {
 void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print,
                      double evaluation_s) {
   const StepBreakdown& b = r.breakdown;
-  const Eta eta = estimate_eta(steps_left(r.epoch, r.epochs, r.step_in_epoch, r.steps_per_epoch,
-                                          r.global_step, r.max_steps),
-                               r.ms_per_step, evaluation_s);
+  const StepPosition& at = r.at;
+  const Eta eta = estimate_eta(steps_left(at), r.ms_per_step, evaluation_s);
   nlohmann::json record = {{"kind", "train"},
-                           {"epoch", r.epoch + 1},
-                           {"step", r.global_step},
-                           {"step_in_epoch", r.step_in_epoch + 1},
-                           {"samples", r.global_samples},
+                           {"epoch", at.epoch + 1},
+                           {"step", at.global_step},
+                           {"step_in_epoch", at.step_in_epoch + 1},
+                           {"samples", at.samples_seen()},
                            {"loss", r.loss},
                            {"lr", r.lr},
                            {"samples_per_s", r.samples_per_s},
@@ -119,8 +118,8 @@ void report_interval(const IntervalReport& r, JsonlWriter& metrics, bool print,
   metrics.write(record);
   if (print) {
     std::printf("Epoch [%d/%d], Step [%lld/%lld], Loss: %.4f, %.1f samples/s, %.2f ms/step ",
-                r.epoch + 1, r.epochs, static_cast<long long>(r.step_in_epoch + 1),
-                static_cast<long long>(r.steps_per_epoch), r.loss, r.samples_per_s, r.ms_per_step);
+                at.epoch + 1, at.epochs, static_cast<long long>(at.step_in_epoch + 1),
+                static_cast<long long>(at.steps_per_epoch), r.loss, r.samples_per_s, r.ms_per_step);
     if (b.phase_timed_steps > 0)
       std::printf("(fwd %.1f, bwd %.1f, comm wait %.1f, opt %.1f; %.2f MB/step at %.2f GB/s busbw)",
                   b.forward_ms, b.backward_ms, b.comm_wait_ms, b.optimizer_ms,
@@ -151,7 +150,7 @@ void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t st
 }
 
 std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
-  const int64_t step = r.global_samples;
+  const int64_t step = r.at.samples_seen();
   const std::string prefix = "Train/Samples/";
   std::vector<ScalarEvent> events = {{prefix + "train_loss", r.loss, step},
                                      {prefix + "lr", r.lr, step}};
@@ -183,7 +182,7 @@ std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
 }
 
 std::vector<ScalarEvent> epoch_events(const EpochReport& r) {
-  const int64_t step = r.global_samples;
+  const int64_t step = r.at.samples_seen();
   return {{"Train/Samples/epoch_train_loss", r.train_loss, step},
           {"Test/Samples/test_loss", r.test.loss, step},
           {"Test/Samples/test_accuracy", r.test.accuracy, step}};
@@ -233,24 +232,21 @@ void RunReporter::run_start(const RunStart& s) {
 void RunReporter::interval(const IntervalReport& report) {
   recent_samples_per_s_ = report.samples_per_s;
   recent_ms_per_step_ = report.ms_per_step;
-  max_steps_ = report.max_steps;
   report_interval(report, metrics_, printing_ && !progress_bar_, evaluation_s_);
   monitor(interval_events(report));
 }
 
-void RunReporter::progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                           int64_t global_step, double loss) {
+void RunReporter::progress(const StepPosition& at, double loss) {
   if (!printing_ || !progress_bar_) return;
   std::string rate_and_eta;
   if (recent_ms_per_step_ > 0) {
-    const Eta eta = estimate_eta(
-        steps_left(epoch, epochs, step_in_epoch, steps_per_epoch, global_step, max_steps_),
-        recent_ms_per_step_, evaluation_s_);
+    const Eta eta = estimate_eta(steps_left(at), recent_ms_per_step_, evaluation_s_);
     char rate[64];
     std::snprintf(rate, sizeof rate, ", %.1f samples/s, ", recent_samples_per_s_);
     rate_and_eta = rate + describe_eta(eta);
   }
-  print_progress_bar(epoch, epochs, step_in_epoch, steps_per_epoch, loss, rate_and_eta);
+  print_progress_bar(at.epoch, at.epochs, at.step_in_epoch, at.steps_per_epoch, loss,
+                     rate_and_eta);
 }
 
 void RunReporter::end_progress() {
@@ -273,10 +269,10 @@ void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
 void RunReporter::epoch(const EpochReport& r) {
   evaluation_s_ = std::max(0.0, r.wall_s - r.train_s);
   metrics_.write({{"kind", "epoch"},
-                  {"epoch", r.epoch + 1},
+                  {"epoch", r.at.epoch + 1},
                   {"complete", r.complete},
-                  {"steps", r.global_step},
-                  {"samples", r.global_samples},
+                  {"steps", r.at.global_step},
+                  {"samples", r.at.samples_seen()},
                   {"train_loss", r.train_loss},
                   {"test_loss", r.test.loss},
                   {"test_accuracy", r.test.accuracy},
@@ -288,8 +284,8 @@ void RunReporter::epoch(const EpochReport& r) {
   monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
       "(%lld/%lld)\n",
-      r.epoch + 1, r.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s, r.train_loss,
-      r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
+      r.at.epoch + 1, r.at.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s,
+      r.train_loss, r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
       static_cast<long long>(r.test.samples));
 }
 

@@ -264,30 +264,32 @@ struct Trainer::Impl {
     return bytes;
   }
 
-  // The monitors' x axis after `global_step` steps: steps x the global batch, as DeepSpeed counts
-  // global_samples (a padded epoch tail counts as a whole batch there too).
-  int64_t samples_seen(int64_t global_step) const {
-    return global_step * config.micro_batch * config.grad_accum * comm.size();
+  // Note [Step position]: after step `step_in_epoch` (0-based) of `epoch`, the run's
+  // `global_step`-th.
+  StepPosition step_position(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
+                             int64_t global_step) const {
+    StepPosition at;
+    at.epoch = epoch;
+    at.epochs = config.epochs;
+    at.step_in_epoch = step_in_epoch;
+    at.steps_per_epoch = steps_per_epoch;
+    at.global_step = global_step;
+    at.max_steps = config.max_steps;
+    at.global_batch = static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
+    return at;
   }
 
-  // Rank 0's log line and metrics record for the interval that ends with this step.
+  // Rank 0's log line and metrics record for the interval that ends with the step `at`.
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
-  double log_interval(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                      int64_t global_step, IntervalTimes& times) {
+  double log_interval(const StepPosition& at, IntervalTimes& times) {
     const StepReport report = optimizer_report();
     const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
     const double loss = comm.all_reduce_scalar(times.loss_sum) /
                         (comm.size() * steps * config.grad_accum);
     const double interval_ms = times.wall.elapsed_ms();
     IntervalReport line;
-    line.epoch = epoch;
-    line.epochs = config.epochs;
-    line.step_in_epoch = step_in_epoch;
-    line.steps_per_epoch = steps_per_epoch;
-    line.global_step = global_step;
-    line.global_samples = samples_seen(global_step);
-    line.max_steps = config.max_steps;
+    line.at = at;
     line.loss = loss;
     line.lr = report.last_lr;
     line.samples_per_s = 1e3 * times.samples * comm.size() / interval_ms;
@@ -395,6 +397,9 @@ struct Trainer::Impl {
       int64_t epoch_micro_steps = consumed_micro_steps;
       int64_t samples_in_epoch = first_position;  // positions consumed by all ranks together
       int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
+      // The last step taken, for the log, the bar and the epoch's end; until this epoch's first
+      // step, the run's step before it.
+      StepPosition at = step_position(epoch, step_in_epoch - 1, steps_per_epoch, global_step);
       throughput.epoch_started();
       bool have_batch = batches.prepare_next(&times.data_wait_ms);
       while (have_batch) {
@@ -425,13 +430,14 @@ struct Trainer::Impl {
         ++times.steps;
         if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
+        at = step_position(epoch, step_in_epoch, steps_per_epoch, global_step);
         const bool last_of_epoch =
             step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;
         if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch) {
           const double interval_loss_sum = take_interval_loss();
           times.loss_sum += interval_loss_sum;
           epoch_loss_sum += interval_loss_sum;
-          shown_loss = log_interval(epoch, step_in_epoch, steps_per_epoch, global_step, times);
+          shown_loss = log_interval(at, times);
         }
         // After the log, which waits for the GPU at its interval: asynchronous steps are counted
         // when they have run.
@@ -442,8 +448,7 @@ struct Trainer::Impl {
         } else {
           throughput.step_ended(global_step, batch_size * config.grad_accum);
         }
-        reporter.progress(epoch, config.epochs, step_in_epoch, steps_per_epoch, global_step,
-                          shown_loss);
+        reporter.progress(at, shown_loss);
         ++step_in_epoch;
         auto here = [&] {
           return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
@@ -462,8 +467,7 @@ struct Trainer::Impl {
       reporter.end_progress();
       if (summary.stop_signal != 0) break;
       EpochReport ended;
-      ended.epoch = epoch;
-      ended.epochs = config.epochs;
+      ended.at = at;
       ended.train_s = epoch_wall.elapsed_ms() / 1e3;
       summary.final_train_loss =
           comm.all_reduce_scalar(epoch_loss_sum) /
@@ -473,8 +477,6 @@ struct Trainer::Impl {
       if (ended.complete) ++summary.epochs_completed;
       summary.test = evaluator->evaluate(*model);
       const StepReport report = optimizer_report();
-      ended.global_step = global_step;
-      ended.global_samples = samples_seen(global_step);
       ended.train_loss = summary.final_train_loss;
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;

@@ -128,15 +128,27 @@ struct IntervalTimes {
   }
 };
 
-// One log interval as every rank agreed on it (the trainer's log_interval fills it).
-struct IntervalReport {
+// Note [Step position]: where the step just taken stands in the run. The trainer fills one from
+// its counters after each optimizer step, and everything that places a step reads it: the log
+// line's and the bar's "Epoch [e/E], Step [s/S]", the metrics record's step, the ETA's steps
+// left (steps_left, Note [ETA]) and the monitors' x axis (samples_seen, Note [Monitor tags]).
+struct StepPosition {
   int epoch = 0;  // 0-based
   int epochs = 0;
   int64_t step_in_epoch = 0;  // 0-based
   int64_t steps_per_epoch = 0;
-  int64_t global_step = 0;
-  int64_t global_samples = 0;  // global_step x global batch, as DeepSpeed counts global_samples
-  int64_t max_steps = 0;  // --max-steps (the run ends there); 0 = none
+  int64_t global_step = 0;   // optimizer steps taken or skipped in the run, this one included
+  int64_t max_steps = 0;     // --max-steps (the run ends there); 0 = none
+  int64_t global_batch = 0;  // samples one optimizer step takes, over all ranks
+
+  // global_step x the global batch, as DeepSpeed counts global_samples (a padded epoch tail
+  // counts as a whole batch there too).
+  int64_t samples_seen() const { return global_step * global_batch; }
+};
+
+// One log interval as every rank agreed on it (the trainer's log_interval fills it).
+struct IntervalReport {
+  StepPosition at;  // the interval's last step
   double loss = 0.0;  // mean over the interval's micro-batches and the ranks
   double lr = 0.0;
   double samples_per_s = 0.0;
@@ -160,10 +172,8 @@ struct StepsLeft {
   int64_t run = 0;         // in the whole run (--epochs, cut by --max-steps)
   int64_t evaluations = 0; // epoch ends still to come, each evaluated (this epoch's included)
 };
-// After step `step_in_epoch` (0-based) of epoch `epoch` (0-based) of `epochs`, the run's
-// `global_step`-th; `max_steps` 0 = no --max-steps.
-StepsLeft steps_left(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                     int64_t global_step, int64_t max_steps);
+// After the step `at`.
+StepsLeft steps_left(const StepPosition& at);
 
 struct Eta {
   double epoch_s = 0.0;  // this epoch's training steps
@@ -205,11 +215,8 @@ struct RunStart {
 
 // One epoch's end, agreed by all ranks.
 struct EpochReport {
-  int epoch = 0;  // 0-based
-  int epochs = 0;
+  StepPosition at;  // the epoch's last step (the epoch, the run's steps and samples so far)
   bool complete = true;  // false: stopped by --max-steps
-  int64_t global_step = 0;
-  int64_t global_samples = 0;  // as IntervalReport's
   double train_loss = 0.0;
   EvalResult test;
   double train_s = 0.0;  // the epoch's training loop
@@ -232,10 +239,8 @@ class RunReporter {
   void run_start(const RunStart& start);
   // The interval's record, and its log line unless the progress bar is shown.
   void interval(const IntervalReport& report);
-  // The bar at `step_in_epoch` (0-based), the run's `global_step`-th, when shown; its rate and
-  // ETA are the last interval's (Note [ETA]).
-  void progress(int epoch, int epochs, int64_t step_in_epoch, int64_t steps_per_epoch,
-                int64_t global_step, double loss);
+  // The bar at the step `at`, when shown; its rate and ETA are the last interval's (Note [ETA]).
+  void progress(const StepPosition& at, double loss);
   // Ends the bar's line (an epoch's loop is over), when shown.
   void end_progress();
   void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
@@ -250,7 +255,6 @@ class RunReporter {
   // Note [ETA]: the last interval's rate and the last epoch's evaluation time.
   double recent_samples_per_s_ = 0.0;
   double recent_ms_per_step_ = 0.0;  // 0 = no interval yet
-  int64_t max_steps_ = 0;
   double evaluation_s_ = 0.0;        // 0 = no epoch ended yet
   JsonlWriter metrics_;
   TensorBoardWriter tensorboard_;

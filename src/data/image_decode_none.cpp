@@ -8,7 +8,7 @@ namespace hpc_train {
 
 namespace {
 const char* const kMissing =
-    "none: this build of hpc_train lacks libjpeg/libpng (CMake did not find them; install "
+    "this build of hpc_train lacks libjpeg/libpng (CMake did not find them; install "
     "libjpeg62-turbo-dev or libjpeg-turbo8-dev, and libpng-dev, and rebuild)";
 }  // namespace
 
@@ -17,7 +17,7 @@ bool image_decoding_available() { return false; }
 std::string image_decoder_libraries() { return kMissing; }
 
 DecodedImage decode_image(const std::string& name, const uint8_t*, size_t, int64_t) {
-  throw ConfigError("cannot decode " + name + ": " + std::string(kMissing).substr(6));
+  throw ConfigError("cannot decode " + name + ": " + kMissing);
 }
 
 }  // namespace hpc_train

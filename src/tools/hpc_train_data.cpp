@@ -160,7 +160,8 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (vm.count("version")) {
-    std::printf("hpc_train_data %s\n", HPC_TRAIN_VERSION);
+    std::printf("hpc_train_data %s\nimage decoding (convert imagefolder): %s\n", HPC_TRAIN_VERSION,
+                image_decoder_libraries().c_str());
     return kExitOk;
   }
   if (!vm.count("command")) throw ConfigError("no command given (convert, inspect or export)");

@@ -30,8 +30,8 @@ struct DecodedImage {
 // Whether this build decodes images (it found libjpeg and libpng).
 bool image_decoding_available();
 
-// The libraries that decode, for messages and --version: "libjpeg-turbo 2.1.5, libpng 1.6.39",
-// or why there are none.
+// The libraries that decode, for hpc_train_data --version: "libjpeg-turbo 2.1.5, libpng 1.6.39";
+// in a build without them, the message that says so.
 std::string image_decoder_libraries();
 
 // Decodes a JPEG or PNG file's bytes (the format by its signature, not by the name) to RGB the

@@ -2,7 +2,8 @@
 # hpc_train_data convert imagefolder against image trees that PIL wrote
 # (tests/support/image_folder.py: JPEG and PNG files of RGB, grayscale, RGBA, palette, LA, CMYK and
 # 1-bit images of sizes 7x5 to 97x64):
-#   - one process and 3 ranks (mpirun) write the same datasets and attributes;
+#   - one process and 3 ranks (mpirun), each rank writing its images (parallel HDF5) or rank 0
+#     gathering them (--rank-zero-writes), and 5 ranks for 4 images, write the same file;
 #   - labels follow the sorted folder names; every pixel is compared with PIL's own decode and
 #     resize (Image.resize BILINEAR to cover HxW, centre crop): mean abs diff < 1 level per image
 #     and max abs diff <= 8 (the converter does PIL's fixed-point arithmetic, so 0 is expected);
@@ -63,6 +64,15 @@ grep -qF "wrote one.h5: 24 train, 9 test samples, 3x24x32, 3 classes (decoded on
 grep -qF "wrote three.h5: 24 train, 9 test samples, 3x24x32, 3 classes (decoded on 3 ranks)" summary.txt ||
   fail "convert imagefolder split (3 ranks): $(cat summary.txt)"
 "$python" "$helper" same one.h5 three.h5
+# Note [Image folder writes]: rank 0 gathering and writing (a serial HDF5's way) gives the same file
+"${ranks3[@]}" "$tool" convert imagefolder split gathered.h5 --size 24x32 --rank-zero-writes >/dev/null
+"$python" "$helper" same one.h5 gathered.h5
+# More ranks than some splits' images: ranks with nothing to write still join
+mkdir -p tiny/a tiny/b && cp split/train/cat/img_00.jpg tiny/a/ && cp split/train/dog/*.png tiny/b/
+"$tool" convert imagefolder tiny tiny1.h5 --size 8 --test-fraction 0.3 >/dev/null
+"$mpiexec" -np 5 --oversubscribe "$tool" convert imagefolder tiny tiny5.h5 --size 8 --test-fraction 0.3 |
+  grep -qF "3 train, 1 test samples, 3x8x8, 2 classes (decoded on 5 ranks)" || fail "5 ranks, 4 images"
+"$python" "$helper" same tiny1.h5 tiny5.h5
 "$python" "$helper" check one.h5 split 24x32
 # A square size, enlarging the 7x5 and 16x16 images
 "$tool" convert imagefolder split big.h5 --size 48 >/dev/null
@@ -89,6 +99,8 @@ expect_failure 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG: Prem
   "$tool" convert imagefolder bad out.h5 --size 16
 expect_failure 3 "bad/train/zebra_finch/truncated.png: corrupt or unsupported PNG" \
   "${ranks3[@]}" "$tool" convert imagefolder bad out.h5 --size 16
+expect_failure 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG" \
+  "${ranks3[@]}" "$tool" convert imagefolder bad out.h5 --size 16 --rank-zero-writes
 grep -qF -- "--skip-bad-images skips files that do not decode" stderr.txt || fail "no hint"
 "${ranks3[@]}" "$tool" convert imagefolder bad skipped.h5 --size 16 --skip-bad-images \
   >summary.txt 2>stderr.txt
@@ -100,6 +112,9 @@ done
 "$tool" convert imagefolder split plain16.h5 --size 16 >/dev/null
 "$python" "$helper" same-but-source plain16.h5 skipped.h5 >/dev/null ||
   fail "--skip-bad-images: the file differs from the tree without the bad files"
+"${ranks3[@]}" "$tool" convert imagefolder bad skipped_gathered.h5 --size 16 --skip-bad-images \
+  --rank-zero-writes 2>/dev/null | grep -qF "3 bad images skipped" || fail "--rank-zero-writes skips"
+"$python" "$helper" same skipped.h5 skipped_gathered.h5 >/dev/null || fail "skipped, gathered"
 # A decompression bomb: a PNG header of 20000x20000 pixels, over the 16384x16384 limit
 "$python" - <<'PY'
 import os, struct, zlib

@@ -298,6 +298,9 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
   ImageFolderPlan plan;
   int64_t total = 0;
   const int64_t sample_bytes = kChannels * options.height * options.width;
+  // Note [Image folder writes]: with a parallel HDF5 every rank writes its own images into the
+  // file (MPI-IO); with a serial one (or --rank-zero-writes) rank 0 gathers them and writes.
+  const bool collective = collective_dataset_writes_available() && !options.rank_zero_writes;
   // Everything that can be refused without decoding: the same answer on every rank.
   run_agreed_phase(runtime, [&] {
     if (!image_decoding_available())
@@ -314,16 +317,20 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
     if (total > INT32_MAX)
       throw DataError(root + ": " + std::to_string(total) + " images, over the 2^31 one "
                       "conversion handles");
-    // Rank 0 holds the gathered images and the dataset built from them.
-    if (runtime.rank() == 0 &&
-        static_cast<double>(total) * static_cast<double>(sample_bytes) * 2.0 >
-            static_cast<double>(physical_memory_bytes()))
+    // Each rank holds its decoded block and its share (collective write); or rank 0 holds the
+    // gathered images and the dataset built from them. A node's ranks share its memory.
+    const double block_bytes = std::ceil(static_cast<double>(total) / runtime.world_size()) *
+                               static_cast<double>(sample_bytes);
+    const double node_bytes = collective ? 2.0 * block_bytes * runtime.local_size()
+                              : runtime.rank() == 0
+                                  ? 2.0 * static_cast<double>(total) * sample_bytes
+                                  : 0.0;
+    if (node_bytes > static_cast<double>(physical_memory_bytes()))
       throw DataError(root + ": " + std::to_string(total) + " images of " +
-                      std::to_string(sample_bytes) + " bytes need " +
-                      memory_text(2.0 * static_cast<double>(total * sample_bytes)) +
-                      " on rank 0, more than this node's " +
-                      memory_text(static_cast<double>(physical_memory_bytes())) +
-                      "; convert a smaller --size");
+                      std::to_string(sample_bytes) + " bytes need " + memory_text(node_bytes) +
+                      (collective ? " on each node" : " on rank 0") + ", more than this node's " +
+                      memory_text(static_cast<double>(physical_memory_bytes())) + "; " +
+                      (collective ? "use more nodes or " : "") + "convert a smaller --size");
   });
 
   // Rank r decodes the contiguous block [begin(r), begin(r + 1)) of train, then test, images.
@@ -359,6 +366,49 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
 
   ImageFolderSummary summary;
   summary.classes = static_cast<int64_t>(plan.class_names.size());
+  DatasetInfo info;
+  info.num_classes = summary.classes;
+  info.class_names = plan.class_names;
+  info.channels = kChannels;
+  info.height = options.height;
+  info.width = options.width;
+  info.source = plan.source;
+  const int64_t train_size = static_cast<int64_t>(plan.train.size());
+
+  if (collective) {
+    run_agreed_phase(runtime, [&] {
+      // The decoded images of this block go to [first, ...) of each split: after those of the
+      // ranks before (the blocks are in file order).
+      int64_t mine[2] = {0, 0}, before[2] = {0, 0}, totals[2] = {0, 0};
+      for (int64_t i = begin; i < end; ++i)
+        if (decoded[static_cast<size_t>(i - begin)]) ++mine[i < train_size ? 0 : 1];
+      MPI_CHECK(MPI_Exscan(mine, before, 2, MPI_INT64_T, MPI_SUM, runtime.world()));
+      if (runtime.rank() == 0) before[0] = before[1] = 0;  // MPI_Exscan leaves rank 0's undefined
+      MPI_CHECK(MPI_Allreduce(mine, totals, 2, MPI_INT64_T, MPI_SUM, runtime.world()));
+      DatasetShare share;
+      share.first_train = before[0];
+      share.first_test = before[1];
+      for (int64_t i = begin; i < end; ++i) {
+        if (!decoded[static_cast<size_t>(i - begin)]) continue;
+        const bool train = i < train_size;
+        const ImageEntry& entry = train ? plan.train[static_cast<size_t>(i)]
+                                        : plan.test[static_cast<size_t>(i - train_size)];
+        auto& images = train ? share.train_images : share.test_images;
+        (train ? share.train_labels : share.test_labels).push_back(entry.label);
+        const uint8_t* sample = pixels.data() + (i - begin) * sample_bytes;
+        images.insert(images.end(), sample, sample + sample_bytes);
+      }
+      pixels = {};
+      info.train_size = totals[0];
+      info.test_size = totals[1];
+      summary.train = totals[0];
+      summary.test = totals[1];
+      summary.skipped = total - totals[0] - totals[1];
+      write_dataset_file_collective(runtime.world(), output_path, info, share);
+    });
+    return summary;
+  }
+
   run_agreed_phase(runtime, [&] {
     std::vector<int> counts(static_cast<size_t>(ranks)), displacements(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
@@ -384,14 +434,7 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
     if (!root_rank) return;
 
     DatasetContents contents;
-    DatasetInfo& info = contents.info;
-    info.num_classes = summary.classes;
-    info.class_names = plan.class_names;
-    info.channels = kChannels;
-    info.height = options.height;
-    info.width = options.width;
-    info.source = plan.source;
-    const int64_t train_size = static_cast<int64_t>(plan.train.size());
+    contents.info = info;
     for (int64_t i = 0; i < total; ++i) {
       if (!all_decoded[static_cast<size_t>(i)]) {
         ++summary.skipped;

@@ -6,7 +6,7 @@
 //                          [--max-train N] [--max-test N]
 //   hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K]
 //   [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW
-//                          [--test-fraction F [--seed S]] [--skip-bad-images]
+//                          [--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]
 //   hpc_train_data inspect FILE.h5
 //   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
@@ -35,7 +35,7 @@ const char* const kUsage =
     "  hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K] "
     "[--max-train N] [--max-test N]\n"
     "  [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW "
-    "[--test-fraction F [--seed S]] [--skip-bad-images]\n"
+    "[--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]\n"
     "  hpc_train_data inspect FILE.h5\n"
     "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
@@ -51,7 +51,8 @@ const char* const kUsage =
     "ROOT/train/<class>/ and ROOT/val/<class>/, or ROOT/<class>/ split by --test-fraction\n"
     "(per class, seeded by --seed); classes are the sorted folder names; every image becomes\n"
     "RGB, scaled (bilinear, as PIL) to cover HxW and centre-cropped. Under mpirun each rank\n"
-    "decodes 1/N of the images and rank 0 writes OUT.h5.\n"
+    "decodes 1/N of the images and writes them into OUT.h5 (parallel HDF5), or rank 0\n"
+    "gathers them and writes (serial HDF5, or --rank-zero-writes).\n"
     "inspect prints a summary of a dataset file. export writes the model\n"
     "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
     "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
@@ -121,6 +122,7 @@ int run(int argc, char** argv) {
   double test_fraction = 0.0;
   uint64_t seed = 0;
   bool skip_bad_images = false;
+  bool rank_zero_writes = false;
   po::options_description visible("options");
   visible.add_options()
       ("help,h", "print this help and exit")
@@ -138,7 +140,10 @@ int run(int argc, char** argv) {
       ("seed", po::value<uint64_t>(&seed),
        "convert imagefolder: the seed of the --test-fraction split (default 0)")
       ("skip-bad-images", po::bool_switch(&skip_bad_images),
-       "convert imagefolder: report and skip files that do not decode (else exit 3)");
+       "convert imagefolder: report and skip files that do not decode (else exit 3)")
+      ("rank-zero-writes", po::bool_switch(&rank_zero_writes),
+       "convert imagefolder: rank 0 gathers the images and writes (the way of a serial HDF5), "
+       "instead of every rank writing its own through MPI-IO");
   po::options_description hidden;
   hidden.add_options()
       ("command", po::value<std::string>())
@@ -181,11 +186,12 @@ int run(int argc, char** argv) {
     const bool image_folder = !args.empty() && parse_source_format(args[0]) ==
                                                    SourceFormat::kImageFolder;
     const bool image_folder_options_given = vm.count("size") || vm.count("test-fraction") ||
-                                            vm.count("seed") || skip_bad_images;
+                                            vm.count("seed") || skip_bad_images ||
+                                            rank_zero_writes;
     if (!image_folder) {
       if (image_folder_options_given)
-        throw ConfigError("--size, --test-fraction, --seed and --skip-bad-images belong to "
-                          "convert imagefolder");
+        throw ConfigError("--size, --test-fraction, --seed, --skip-bad-images and "
+                          "--rank-zero-writes belong to convert imagefolder");
       const ConvertOptions options{max_train, max_test, parse_image_layout(layout), num_classes};
       return convert(args, options, vm.count("layout") || vm.count("num-classes"));
     }
@@ -204,13 +210,15 @@ int run(int argc, char** argv) {
     if (vm.count("test-fraction")) options.test_fraction = test_fraction;
     options.seed = seed;
     options.skip_bad_images = skip_bad_images;
+    options.rank_zero_writes = rank_zero_writes;
     return convert_image_folder_command(args, options, &argc, &argv);
   }
   if (vm.count("max-train") || vm.count("max-test") || vm.count("layout") ||
       vm.count("num-classes") || vm.count("size") || vm.count("test-fraction") ||
-      vm.count("seed") || skip_bad_images)
+      vm.count("seed") || skip_bad_images || rank_zero_writes)
     throw ConfigError("--max-train, --max-test, --layout, --num-classes, --size, "
-                      "--test-fraction, --seed and --skip-bad-images belong to convert");
+                      "--test-fraction, --seed, --skip-bad-images and --rank-zero-writes belong "
+                      "to convert");
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
     std::fputs(describe_dataset_file(args[0]).c_str(), stdout);

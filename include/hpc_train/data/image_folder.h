@@ -31,6 +31,7 @@ struct ImageFolderOptions {
   std::optional<double> test_fraction;  // one tree: the share of each class that is test data
   uint64_t seed = 0;                    // of the --test-fraction split
   bool skip_bad_images = false;         // report and skip a file that does not decode
+  bool rank_zero_writes = false;        // gather to rank 0, which writes, also with parallel HDF5
 };
 
 // "HxW" (or "S" for SxS) into options.height/width; ConfigError unless both are in
@@ -47,15 +48,17 @@ struct ImageFolderSummary {
 // Scales `image` and cuts out its centre as described above, into `chw` (3 x height x width).
 void resize_and_crop(const DecodedImage& image, int64_t height, int64_t width, uint8_t* chw);
 
-// Collective over the runtime's world: every rank lists the tree (the same plan), decodes its
-// contiguous 1/N of the images, and rank 0 gathers them and writes `output_path` (serial HDF5,
-// through write_dataset_file: the whole dataset is in rank 0's memory, refused before decoding
-// when it would not fit). Errors go through run_agreed_phase (runtime.h): every rank throws
-// JobEnded with the worst exit code after rank 0 printed the messages. DataError for a tree
-// without classes, an empty class, train/ and val/ with different classes, a file that does not
-// decode (without --skip-bad-images); ConfigError for --test-fraction with train/ and val/, a
-// missing --test-fraction with one tree, or a build without image decoding. Nothing is written
-// unless everything decoded (or was skipped).
+// Collective over the runtime's world: every rank lists the tree (the same plan) and decodes its
+// contiguous 1/N of the images. Note [Image folder writes]: with a parallel HDF5 every rank then
+// writes its own images into the file (write_dataset_file_collective); with a serial HDF5, or
+// rank_zero_writes, rank 0 gathers them and writes (write_dataset_file: the whole dataset in rank
+// 0's memory). Either way the file is the same, and one that would not fit in memory is refused
+// before decoding. Errors go through run_agreed_phase (runtime.h): every rank throws JobEnded
+// with the worst exit code after rank 0 printed the messages. DataError for a tree without
+// classes, an empty class, train/ and val/ with different classes, a file that does not decode
+// (without --skip-bad-images); ConfigError for --test-fraction with train/ and val/, a missing
+// --test-fraction with one tree, or a build without image decoding. Nothing is written unless
+// everything decoded (or was skipped). The summary is rank 0's (the others' may be partial).
 ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::string& root,
                                         const std::string& output_path,
                                         const ImageFolderOptions& options);

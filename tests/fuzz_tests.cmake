@@ -28,7 +28,7 @@ set(HPC_TRAIN_FUZZ_RUNS_config_ini 59000)
 set(HPC_TRAIN_FUZZ_RUNS_torchscript_file 40000)
 set(HPC_TRAIN_FUZZ_RUNS_npz 200000)
 set(HPC_TRAIN_FUZZ_RUNS_cifar10_python 25000)
-set(HPC_TRAIN_FUZZ_RUNS_image_decode 36000)
+set(HPC_TRAIN_FUZZ_RUNS_image_decode 150000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
     config_ini torchscript_file npz cifar10_python)
 # The JPEG/PNG decoder of convert imagefolder exists only where CMake found libjpeg and libpng.

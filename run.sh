@@ -17,12 +17,14 @@ build_dir=${HPC_TRAIN_BUILD_DIR:-build}
 # reference (ctest -L models) and script the TorchScript modules of the tests.
 # python3-protobuf reads the TensorBoard event files back in test_tensorboard_run.
 # python3-matplotlib draws hpc_train_report's picture; python3-pil reads it back in test_report.
+# libjpeg62-turbo-dev and libpng-dev decode the images of convert imagefolder (optional in CMake:
+# without them that converter is left out); python3-pil writes and checks its test images.
 packages=(build-essential cmake ninja-build ccache pkg-config libtorch-dev libopenmpi-dev
           openmpi-bin libhdf5-openmpi-dev libboost-program-options-dev nlohmann-json3-dev
           zlib1g-dev libgtest-dev dataset-fashion-mnist python3 python3-numpy python3-h5py
           slurm-wlm munge lmod
           clang libclang-rt-dev python3-torch python3-torchvision python3-protobuf
-          python3-matplotlib python3-pil)
+          python3-matplotlib python3-pil libjpeg62-turbo-dev libpng-dev)
 
 install_missing_packages() {
   local missing=()

@@ -35,3 +35,16 @@ hpc_train_require(Torch_FOUND "LibTorch"
   "Install libtorch-dev (CPU), or point Torch_DIR at a LibTorch with CUDA, e.g. the Python wheel's: python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'.")
 
 find_package(Threads REQUIRED)
+
+# Optional: libjpeg(-turbo) and libpng decode the images of `convert imagefolder`. Without either
+# the build still succeeds and that converter says what is missing (image_decode_none.cpp).
+find_package(JPEG QUIET)
+find_package(PNG QUIET)
+if(JPEG_FOUND AND PNG_FOUND)
+  set(HPC_TRAIN_IMAGE_DECODING ON)
+  message(STATUS "hpc_train: convert imagefolder decodes with ${JPEG_LIBRARIES} and ${PNG_LIBRARIES}")
+else()
+  set(HPC_TRAIN_IMAGE_DECODING OFF)
+  message(STATUS "hpc_train: no libjpeg/libpng headers (libjpeg62-turbo-dev, libpng-dev): "
+    "convert imagefolder is left out of this build")
+endif()

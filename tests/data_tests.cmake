@@ -35,3 +35,14 @@ if(HPC_TRAIN_NUMPY_PYTHON)
   set_property(TEST test_convert_sources APPEND PROPERTY ENVIRONMENT
     "HPC_TRAIN_NUMPY_PYTHON=${HPC_TRAIN_NUMPY_PYTHON}")
 endif()
+
+# convert imagefolder against image trees that PIL writes (tests/support/image_folder.py), at 1
+# and 3 ranks, then 2 training steps on the file; in a build without libjpeg/libpng, the refusal.
+hpc_train_add_script_test(NAME test_convert_imagefolder SCRIPT test_convert_imagefolder.sh
+  LABELS data TIMEOUT 300)
+set_property(TEST test_convert_imagefolder APPEND PROPERTY ENVIRONMENT
+  "HPC_TRAIN_IMAGE_DECODING=${HPC_TRAIN_IMAGE_DECODING}")
+if(HPC_TRAIN_NUMPY_PYTHON)
+  set_property(TEST test_convert_imagefolder APPEND PROPERTY ENVIRONMENT
+    "HPC_TRAIN_NUMPY_PYTHON=${HPC_TRAIN_NUMPY_PYTHON}")
+endif()

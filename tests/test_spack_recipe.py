@@ -26,6 +26,8 @@ CMAKE_TO_SPACK = {
     "ZLIB": {"name": "zlib-api"},
     "Torch": {"name": "py-torch"},  # Spack's LibTorch is py-torch's
     "NCCL": {"name": "nccl", "when": "+cuda"},
+    "JPEG": {"name": "jpeg", "when": "+images"},  # Spack's virtual (libjpeg-turbo, libjpeg)
+    "PNG": {"name": "libpng", "when": "+images"},
     "GTest": {"name": "googletest", "type": "test"},
     "Threads": None,
     "Git": None,

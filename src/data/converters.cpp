@@ -215,8 +215,10 @@ SourceFormat parse_source_format(const std::string& name) {
   if (name == "cifar10") return SourceFormat::kCifar10;
   if (name == "cifar10-python") return SourceFormat::kCifar10Python;
   if (name == "npz") return SourceFormat::kNpz;
+  if (name == "imagefolder") return SourceFormat::kImageFolder;
   throw ConfigError("unknown dataset format '" + name +
-                    "'; known formats: fashion-mnist, mnist, cifar10, cifar10-python, npz");
+                    "'; known formats: fashion-mnist, mnist, cifar10, cifar10-python, npz, "
+                    "imagefolder");
 }
 
 ImageLayout parse_image_layout(const std::string& name) {
@@ -228,6 +230,8 @@ ImageLayout parse_image_layout(const std::string& name) {
 DatasetContents read_source_dataset(SourceFormat format, const std::string& source_dir,
                                     const ConvertOptions& options) {
   if (format == SourceFormat::kNpz) return read_npz_dataset(source_dir, options);
+  if (format == SourceFormat::kImageFolder)
+    throw ConfigError("imagefolder is converted by convert_image_folder (image_folder.h)");
   std::error_code error;
   if (!fs::is_directory(source_dir, error))
     throw DataError(source_dir + ": no such directory (the dataset's source files go there)");

@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <system_error>
 
 #include "io/hdf5_attributes.h"
@@ -256,11 +257,16 @@ DatasetInfo read_info(const std::string& path, hid_t root) {
 
 // --- Writing (lock held) -----------------------------------------------------------------
 
-void write_split(hid_t file, Split split, const DatasetInfo& info,
-                 const std::vector<uint8_t>& images, const std::vector<int64_t>& labels) {
+// One split's datasets, created (collectively under MPI-IO: every rank alike).
+struct SplitOutput {
+  h5::Dataset images;
+  h5::Dataset labels;
+};
+
+SplitOutput create_split(hid_t file, Split split, const DatasetInfo& info) {
   h5::Group group(H5_CHECK(
       H5Gcreate2(file, split_name(split), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-  const hsize_t n = labels.size();
+  const hsize_t n = static_cast<hsize_t>(info.size(split));
 
   const hsize_t image_dims[4] = {n, static_cast<hsize_t>(info.channels),
                                  static_cast<hsize_t>(info.height),
@@ -272,20 +278,70 @@ void write_split(hid_t file, Split split, const DatasetInfo& info,
                               image_dims[3]};
     H5_CHECK(H5Pset_chunk(image_layout.get(), 4, chunk));  // Note [Chunk shape]
   }
-  h5::Dataset image_set(H5_CHECK(H5Dcreate2(group.get(), "images", H5T_STD_U8LE,
-                                            image_space.get(), H5P_DEFAULT, image_layout.get(),
-                                            H5P_DEFAULT)));
-
+  // Every sample is written: filling the chunks first would write the split twice (parallel
+  // HDF5 allocates them all at creation).
+  H5_CHECK(H5Pset_fill_time(image_layout.get(), H5D_FILL_TIME_NEVER));
+  SplitOutput output;
+  output.images = h5::Dataset(H5_CHECK(H5Dcreate2(group.get(), "images", H5T_STD_U8LE,
+                                                  image_space.get(), H5P_DEFAULT,
+                                                  image_layout.get(), H5P_DEFAULT)));
   // Labels are 8 bytes a sample: contiguous, so a scattered read needs no chunk index at all.
   h5::Dataspace label_space(H5_CHECK(H5Screate_simple(1, &n, nullptr)));
-  h5::Dataset label_set(H5_CHECK(H5Dcreate2(group.get(), "labels", H5T_STD_I64LE,
-                                            label_space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                            H5P_DEFAULT)));
-  if (n == 0) return;
-  H5_CHECK(H5Dwrite(image_set.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                    images.data()));
-  H5_CHECK(H5Dwrite(label_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                    labels.data()));
+  output.labels = h5::Dataset(H5_CHECK(H5Dcreate2(group.get(), "labels", H5T_STD_I64LE,
+                                                  label_space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                                  H5P_DEFAULT)));
+  return output;
+}
+
+// Samples [first, first + count) of one split's datasets. `collective`: an MPI-IO transfer that
+// every rank joins, a rank with no samples selecting none.
+void write_split_rows(const SplitOutput& output, const DatasetInfo& info, hsize_t first,
+                      hsize_t count, const uint8_t* images, const int64_t* labels,
+                      bool collective) {
+  h5::PropertyList transfer(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)));
+#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
+  if (collective) H5_CHECK(H5Pset_dxpl_mpio(transfer.get(), H5FD_MPIO_COLLECTIVE));
+#else
+  (void)collective;
+#endif
+  const hsize_t sample_dims[3] = {static_cast<hsize_t>(info.channels),
+                                  static_cast<hsize_t>(info.height),
+                                  static_cast<hsize_t>(info.width)};
+  for (hid_t dataset : {output.images.get(), output.labels.get()}) {
+    const bool is_images = dataset == output.images.get();
+    const int rank = is_images ? 4 : 1;
+    h5::Dataspace file_space(H5_CHECK(H5Dget_space(dataset)));
+    const hsize_t start[4] = {first, 0, 0, 0};
+    const hsize_t counts[4] = {count, sample_dims[0], sample_dims[1], sample_dims[2]};
+    hsize_t memory_dims[4] = {std::max<hsize_t>(count, 1), sample_dims[0], sample_dims[1],
+                              sample_dims[2]};
+    h5::Dataspace memory_space(H5_CHECK(H5Screate_simple(rank, memory_dims, nullptr)));
+    if (count > 0) {
+      H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, counts,
+                                   nullptr));
+    } else {
+      H5_CHECK(H5Sselect_none(file_space.get()));
+      H5_CHECK(H5Sselect_none(memory_space.get()));
+    }
+    H5_CHECK(H5Dwrite(dataset, is_images ? H5T_NATIVE_UINT8 : H5T_NATIVE_INT64,
+                      memory_space.get(), file_space.get(), transfer.get(),
+                      is_images ? static_cast<const void*>(images)
+                                : static_cast<const void*>(labels)));
+  }
+}
+
+// The root group's attributes (collective under MPI-IO: every rank the same values).
+void write_root_attributes(hid_t file, const DatasetInfo& info) {
+  h5::Group root(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT)));
+  h5::write_integer_attribute(root.get(), "format_version", kFormatVersion);
+  h5::write_integer_attribute(root.get(), "num_classes", info.num_classes);
+  h5::write_variable_strings_attribute(root.get(), "class_names", info.class_names, false);
+  h5::write_integer_attribute(root.get(), "channels", info.channels);
+  h5::write_integer_attribute(root.get(), "height", info.height);
+  h5::write_integer_attribute(root.get(), "width", info.width);
+  h5::write_floats_attribute(root.get(), "mean", info.mean);
+  h5::write_floats_attribute(root.get(), "std", info.std);
+  h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
 }
 
 // The whole of `contents` (its info complete) as a dataset file at `path`, flushed and closed.
@@ -293,30 +349,25 @@ void write_contents(const std::string& path, const DatasetContents& contents) {
   const DatasetInfo& info = contents.info;
   h5::Lock lock;  // Note [HDF5 lock]
   h5::File file(H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
-  {
-    h5::Group root(H5_CHECK(H5Gopen2(file.get(), "/", H5P_DEFAULT)));
-    h5::write_integer_attribute(root.get(), "format_version", kFormatVersion);
-    h5::write_integer_attribute(root.get(), "num_classes", info.num_classes);
-    h5::write_variable_strings_attribute(root.get(), "class_names", info.class_names, false);
-    h5::write_integer_attribute(root.get(), "channels", info.channels);
-    h5::write_integer_attribute(root.get(), "height", info.height);
-    h5::write_integer_attribute(root.get(), "width", info.width);
-    h5::write_floats_attribute(root.get(), "mean", info.mean);
-    h5::write_floats_attribute(root.get(), "std", info.std);
-    h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
+  write_root_attributes(file.get(), info);
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    const SplitOutput output = create_split(file.get(), split, info);
+    const bool train = split == Split::kTrain;
+    const hsize_t n = static_cast<hsize_t>(info.size(split));
+    if (n > 0)
+      write_split_rows(output, info, 0, n,
+                       (train ? contents.train_images : contents.test_images).data(),
+                       (train ? contents.train_labels : contents.test_labels).data(), false);
   }
-  write_split(file.get(), Split::kTrain, info, contents.train_images, contents.train_labels);
-  write_split(file.get(), Split::kTest, info, contents.test_images, contents.test_labels);
   H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
 }
 
-// Per-channel mean and (population) standard deviation of the images scaled to [0, 1]. The sums
-// are exact integers; only the final division is floating point.
-void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
+// Per-channel sums of the values and of their squares over `images` (whole samples), added to
+// `sums` and `squares` (info.channels each): exact integers, which ranks can add up.
+void add_channel_sums(const DatasetInfo& info, const std::vector<uint8_t>& images,
+                      std::vector<uint64_t>& sums, std::vector<uint64_t>& squares) {
   const int64_t plane = info.height * info.width;
   const int64_t samples = static_cast<int64_t>(images.size()) / info.sample_bytes();
-  info.mean.assign(info.channels, 0.0f);
-  info.std.assign(info.channels, 0.0f);
   for (int64_t c = 0; c < info.channels; ++c) {
     uint64_t sum = 0, sum_squares = 0;
     for (int64_t s = 0; s < samples; ++s) {
@@ -326,6 +377,22 @@ void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
         sum_squares += static_cast<uint64_t>(pixel[i]) * pixel[i];
       }
     }
+    sums[static_cast<size_t>(c)] += sum;
+    squares[static_cast<size_t>(c)] += sum_squares;
+  }
+}
+
+// Per-channel mean and (population) standard deviation of `samples` train images scaled to
+// [0, 1], from their channel sums. Only the final division is floating point, so the result does
+// not depend on how the sums were split over ranks.
+void set_mean_std(DatasetInfo& info, const std::vector<uint64_t>& sums,
+                  const std::vector<uint64_t>& squares, int64_t samples) {
+  const int64_t plane = info.height * info.width;
+  info.mean.assign(info.channels, 0.0f);
+  info.std.assign(info.channels, 0.0f);
+  for (int64_t c = 0; c < info.channels; ++c) {
+    const uint64_t sum = sums[static_cast<size_t>(c)];
+    const uint64_t sum_squares = squares[static_cast<size_t>(c)];
     const double count = static_cast<double>(samples) * static_cast<double>(plane);
     const double mean = static_cast<double>(sum) / count / 255.0;
     const double variance = static_cast<double>(sum_squares) / count / (255.0 * 255.0) - mean * mean;
@@ -340,8 +407,24 @@ void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
   }
 }
 
-void validate_contents(const std::string& path, const DatasetContents& contents) {
-  const DatasetInfo& info = contents.info;
+void compute_mean_std(DatasetInfo& info, const std::vector<uint8_t>& images) {
+  std::vector<uint64_t> sums(static_cast<size_t>(info.channels), 0);
+  std::vector<uint64_t> squares(static_cast<size_t>(info.channels), 0);
+  add_channel_sums(info, images, sums, squares);
+  set_mean_std(info, sums, squares, static_cast<int64_t>(images.size()) / info.sample_bytes());
+}
+
+// What the reader refuses (read_info), the writer does not write: inputs are divided by std.
+void require_nonzero_std(const std::string& path, const DatasetInfo& info) {
+  for (int64_t c = 0; c < info.channels; ++c)
+    if (info.std[c] == 0.0f)
+      throw DataError("cannot write " + path + ": channel " + std::to_string(c) +
+                      " has the same value in every pixel of every train image (std 0), so "
+                      "normalising the inputs would divide by zero");
+}
+
+// The checks of info alone: classes, names, the image shape.
+void validate_info(const std::string& path, const DatasetInfo& info) {
   if (info.num_classes < 2)
     throw DataError(path + ": num_classes = " + std::to_string(info.num_classes) +
                     ", expected at least 2");
@@ -353,23 +436,34 @@ void validate_contents(const std::string& path, const DatasetContents& contents)
                     std::to_string(info.height) + "x" + std::to_string(info.width) +
                     " must be positive");
   checked_sample_bytes(path, info.channels, info.height, info.width);
+}
+
+// Consecutive samples of one split, the first at index `first` in the file: whole images, one a
+// label, each label a class.
+void validate_samples(const std::string& path, Split split, const DatasetInfo& info,
+                      const std::vector<uint8_t>& images, const std::vector<int64_t>& labels,
+                      int64_t first) {
+  const uint64_t expected = labels.size() * static_cast<uint64_t>(info.sample_bytes());
+  if (images.size() != expected)
+    throw DataError(path + ": " + split_name(split) + " images have " +
+                    std::to_string(images.size()) + " bytes, expected " +
+                    std::to_string(expected) + " (" + std::to_string(labels.size()) +
+                    " labels x " + std::to_string(info.sample_bytes()) + " bytes)");
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= info.num_classes)
+      throw DataError(path + ": " + split_name(split) + " label[" +
+                      std::to_string(first + static_cast<int64_t>(i)) + "] = " +
+                      std::to_string(labels[i]) + " is outside [0, " +
+                      std::to_string(info.num_classes) + ")");
+}
+
+void validate_contents(const std::string& path, const DatasetContents& contents) {
+  validate_info(path, contents.info);
   if (contents.train_labels.empty()) throw DataError(path + ": the train split is empty");
-  for (Split split : {Split::kTrain, Split::kTest}) {
-    const bool train = split == Split::kTrain;
-    const auto& images = train ? contents.train_images : contents.test_images;
-    const auto& labels = train ? contents.train_labels : contents.test_labels;
-    const uint64_t expected = labels.size() * static_cast<uint64_t>(info.sample_bytes());
-    if (images.size() != expected)
-      throw DataError(path + ": " + split_name(split) + " images have " +
-                      std::to_string(images.size()) + " bytes, expected " +
-                      std::to_string(expected) + " (" + std::to_string(labels.size()) +
-                      " labels x " + std::to_string(info.sample_bytes()) + " bytes)");
-    for (size_t i = 0; i < labels.size(); ++i)
-      if (labels[i] < 0 || labels[i] >= info.num_classes)
-        throw DataError(path + ": " + split_name(split) + " label[" + std::to_string(i) +
-                        "] = " + std::to_string(labels[i]) + " is outside [0, " +
-                        std::to_string(info.num_classes) + ")");
-  }
+  validate_samples(path, Split::kTrain, contents.info, contents.train_images,
+                   contents.train_labels, 0);
+  validate_samples(path, Split::kTest, contents.info, contents.test_images, contents.test_labels,
+                   0);
 }
 
 // Consecutive runs [start, start + count) of sorted, unique indices.
@@ -550,12 +644,7 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
   info.train_size = static_cast<int64_t>(contents.train_labels.size());
   info.test_size = static_cast<int64_t>(contents.test_labels.size());
   compute_mean_std(info, contents.train_images);
-  // What the reader refuses (read_info), the writer does not write: inputs are divided by std.
-  for (int64_t c = 0; c < info.channels; ++c)
-    if (info.std[c] == 0.0f)
-      throw DataError("cannot write " + path + ": channel " + std::to_string(c) +
-                      " has the same value in every pixel of every train image (std 0), so "
-                      "normalising the inputs would divide by zero");
+  require_nonzero_std(path, info);
 
   // Note [Atomic file write]: a failed or killed conversion never leaves a half-written file
   // under the final name; a killed one may leave <path>.partial-<pid> beside it.
@@ -566,6 +655,113 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
   } catch (const Error& e) {  // `file` removes the temporary file
     throw DataError("cannot write " + path + ": " + e.what());
   }
+}
+
+}  // namespace hpc_train
+
+namespace hpc_train {
+
+bool collective_dataset_writes_available() { return kParallelHdf5; }
+
+namespace {
+
+// Throws on every rank when any rank has a failure: its own message, or one saying that another
+// rank's share was refused; returns on every rank otherwise.
+void agree_on_failure(MPI_Comm comm, const std::string& failure, const std::string& path) {
+  const int failed = failure.empty() ? 0 : 1;
+  int any_failed = 0;
+  MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm));
+  if (!any_failed) return;
+  throw DataError(failed ? failure : "cannot write " + path + ": another rank's share failed");
+}
+
+}  // namespace
+
+void write_dataset_file_collective(MPI_Comm comm, const std::string& path, DatasetInfo info,
+                                   const DatasetShare& share) {
+  if (!kParallelHdf5)
+    throw Error("cannot write " + path + " collectively: this HDF5 library is serial");
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  // The checks of write_dataset_file, each rank on its share, agreed before any collective call.
+  std::string failure;
+  std::vector<uint64_t> sums, squares;
+  try {
+    const fs::path directory = fs::absolute(path).parent_path();
+    std::error_code error;
+    if (!fs::is_directory(directory, error))
+      throw DataError("cannot write " + path + ": no such directory " + directory.string());
+    validate_info(path, info);
+    if (info.train_size < 1) throw DataError(path + ": the train split is empty");
+    for (Split split : {Split::kTrain, Split::kTest}) {
+      const bool train = split == Split::kTrain;
+      const auto& labels = train ? share.train_labels : share.test_labels;
+      const int64_t first = train ? share.first_train : share.first_test;
+      if (first < 0 || first + static_cast<int64_t>(labels.size()) > info.size(split))
+        throw Error(path + ": a share of " + split_name(split) + " samples [" +
+                    std::to_string(first) + ", " +
+                    std::to_string(first + static_cast<int64_t>(labels.size())) +
+                    ") outside the split's " + std::to_string(info.size(split)));
+      validate_samples(path, split, info, train ? share.train_images : share.test_images, labels,
+                       first);
+    }
+    sums.assign(static_cast<size_t>(info.channels), 0);
+    squares.assign(static_cast<size_t>(info.channels), 0);
+    add_channel_sums(info, share.train_images, sums, squares);
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  agree_on_failure(comm, failure, path);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
+                          MPI_SUM, comm));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, squares.data(), static_cast<int>(squares.size()),
+                          MPI_UINT64_T, MPI_SUM, comm));
+  set_mean_std(info, sums, squares, info.train_size);
+  require_nonzero_std(path, info);  // the same sums on every rank: all throw or none
+
+  // Note [Atomic file write]: rank 0 owns the temporary file (it removes it unless committed);
+  // the other ranks write their shares into it by the name rank 0's process id makes.
+  long writer_pid = static_cast<long>(getpid());
+  MPI_CHECK(MPI_Bcast(&writer_pid, 1, MPI_LONG, 0, comm));
+  const std::string suffix = ".partial-" + std::to_string(writer_pid);
+  std::optional<AtomicFile> file;
+  if (rank == 0) file.emplace(path, suffix);
+  const std::string temporary = path + suffix;
+  try {
+    h5::Lock lock;  // Note [HDF5 lock]
+    h5::PropertyList access(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
+#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
+    H5_CHECK(H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL));
+#endif
+    h5::File output(
+        H5_CHECK(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get())));
+    write_root_attributes(output.get(), info);
+    for (Split split : {Split::kTrain, Split::kTest}) {
+      const bool train = split == Split::kTrain;
+      const SplitOutput datasets = create_split(output.get(), split, info);
+      if (info.size(split) == 0) continue;  // the same on every rank: nobody enters the write
+      const auto& labels = train ? share.train_labels : share.test_labels;
+      write_split_rows(datasets, info,
+                       static_cast<hsize_t>(train ? share.first_train : share.first_test),
+                       labels.size(),
+                       (train ? share.train_images : share.test_images).data(), labels.data(),
+                       true);
+    }
+    H5_CHECK(H5Fflush(output.get(), H5F_SCOPE_GLOBAL));
+  } catch (const Error& e) {
+    throw DataError("cannot write " + path + ": " + e.what());
+  }
+  // Every rank's share is in the file, flushed and closed, before rank 0 renames it.
+  MPI_CHECK(MPI_Barrier(comm));
+  failure.clear();
+  if (rank == 0) {
+    try {
+      file->commit();
+    } catch (const Error& e) {
+      failure = "cannot write " + path + ": " + e.what();
+    }
+  }
+  agree_on_failure(comm, failure, path);
 }
 
 }  // namespace hpc_train

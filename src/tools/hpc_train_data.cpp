@@ -1,10 +1,12 @@
 // hpc_train_data: converts published datasets to the HDF5 layout hpc_train reads, describes
-// such files, and exports a checkpoint's weights. A single-process tool: no MPI start-up, no
-// Runtime.
+// such files, and exports a checkpoint's weights. A single-process tool (no MPI start-up), except
+// convert imagefolder, which starts MPI (a Runtime) and decodes over the ranks of mpirun -np N.
 //
 //   hpc_train_data convert fashion-mnist|mnist|cifar10|cifar10-python SRC_DIR OUT.h5
 //                          [--max-train N] [--max-test N]
 //   hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K]
+//   [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW
+//                          [--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]
 //   hpc_train_data inspect FILE.h5
 //   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
@@ -17,7 +19,9 @@
 #include "hpc_train/io/checkpoint.h"
 #include "hpc_train/data/converters.h"
 #include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/image_folder.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/runtime.h"
 
 namespace po = boost::program_options;
 using namespace hpc_train;
@@ -30,6 +34,8 @@ const char* const kUsage =
     "[--max-train N] [--max-test N]\n"
     "  hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K] "
     "[--max-train N] [--max-test N]\n"
+    "  [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW "
+    "[--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]\n"
     "  hpc_train_data inspect FILE.h5\n"
     "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
@@ -40,7 +46,14 @@ const char* const kUsage =
     "cifar-10-batches-py/ with data_batch_1..5, test_batch, batches.meta) or the numpy .npz\n"
     "file (x_train, y_train, x_test, y_test: uint8 images N,H,W,C (--layout nhwc, the\n"
     "default), N,C,H,W (nchw) or N,H,W; integer labels; classes = the largest label + 1\n"
-    "unless --num-classes) and writes OUT.h5 (layout: data/README.md). inspect prints a summary of a dataset file. export writes the model\n"
+    "unless --num-classes) and writes OUT.h5 (layout: data/README.md).\n"
+    "convert imagefolder reads a torchvision ImageFolder tree of JPEG and PNG files:\n"
+    "ROOT/train/<class>/ and ROOT/val/<class>/, or ROOT/<class>/ split by --test-fraction\n"
+    "(per class, seeded by --seed); classes are the sorted folder names; every image becomes\n"
+    "RGB, scaled (bilinear, as PIL) to cover HxW and centre-cropped. Under mpirun each rank\n"
+    "decodes 1/N of the images and writes them into OUT.h5 (parallel HDF5), or rank 0\n"
+    "gathers them and writes (serial HDF5, or --rank-zero-writes).\n"
+    "inspect prints a summary of a dataset file. export writes the model\n"
     "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
     "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
 
@@ -61,6 +74,27 @@ int convert(const std::vector<std::string>& args, const ConvertOptions& options,
   std::printf("wrote %s: %zu train, %zu test samples, %s, %lld classes\n", args[2].c_str(), train,
               test, shape.c_str(), static_cast<long long>(source.num_classes));
   return kExitOk;
+}
+
+// convert imagefolder: the one collective command (image_folder.h), so the only one that starts
+// MPI. Errors after the start are reported once, by rank 0 (run_agreed_phase).
+int convert_image_folder_command(const std::vector<std::string>& args,
+                                 const ImageFolderOptions& options, int* argc, char*** argv) {
+  const Runtime runtime(argc, argv);
+  return run_or_abort(runtime, [&] {
+    const ImageFolderSummary summary = convert_image_folder(runtime, args[1], args[2], options);
+    if (runtime.rank() == 0) {
+      std::printf("wrote %s: %lld train, %lld test samples, 3x%lldx%lld, %lld classes",
+                  args[2].c_str(), static_cast<long long>(summary.train),
+                  static_cast<long long>(summary.test), static_cast<long long>(options.height),
+                  static_cast<long long>(options.width), static_cast<long long>(summary.classes));
+      if (options.skip_bad_images)
+        std::printf(", %lld bad images skipped", static_cast<long long>(summary.skipped));
+      std::printf(" (decoded on %d rank%s)\n", runtime.world_size(),
+                  runtime.world_size() == 1 ? "" : "s");
+    }
+    return kExitOk;
+  });
 }
 
 int export_weights(const std::vector<std::string>& args) {
@@ -84,6 +118,11 @@ int export_weights(const std::vector<std::string>& args) {
 int run(int argc, char** argv) {
   int64_t max_train = -1, max_test = -1, num_classes = -1;
   std::string layout = "nhwc";
+  std::string image_size;
+  double test_fraction = 0.0;
+  uint64_t seed = 0;
+  bool skip_bad_images = false;
+  bool rank_zero_writes = false;
   po::options_description visible("options");
   visible.add_options()
       ("help,h", "print this help and exit")
@@ -93,7 +132,18 @@ int run(int argc, char** argv) {
       ("layout", po::value<std::string>(&layout),
        "convert npz: the axes of 4-D image arrays, nhwc (default) or nchw")
       ("num-classes", po::value<int64_t>(&num_classes),
-       "convert npz: the number of classes (default: the largest label + 1)");
+       "convert npz: the number of classes (default: the largest label + 1)")
+      ("size", po::value<std::string>(&image_size),
+       "convert imagefolder: HxW of the stored images (required), e.g. 224x224")
+      ("test-fraction", po::value<double>(&test_fraction),
+       "convert imagefolder, one tree ROOT/<class>/: the share of each class to test on, [0, 1)")
+      ("seed", po::value<uint64_t>(&seed),
+       "convert imagefolder: the seed of the --test-fraction split (default 0)")
+      ("skip-bad-images", po::bool_switch(&skip_bad_images),
+       "convert imagefolder: report and skip files that do not decode (else exit 3)")
+      ("rank-zero-writes", po::bool_switch(&rank_zero_writes),
+       "convert imagefolder: rank 0 gathers the images and writes (the way of a serial HDF5), "
+       "instead of every rank writing its own through MPI-IO");
   po::options_description hidden;
   hidden.add_options()
       ("command", po::value<std::string>())
@@ -115,7 +165,8 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (vm.count("version")) {
-    std::printf("hpc_train_data %s\n", HPC_TRAIN_VERSION);
+    std::printf("hpc_train_data %s\nimage decoding (convert imagefolder): %s\n", HPC_TRAIN_VERSION,
+                image_decoder_libraries().c_str());
     return kExitOk;
   }
   if (!vm.count("command")) throw ConfigError("no command given (convert, inspect or export)");
@@ -132,12 +183,42 @@ int run(int argc, char** argv) {
     if (vm.count("num-classes") && (num_classes < 1 || num_classes > kMaxDerivedClasses))
       throw ConfigError("--num-classes must be in [1, " + std::to_string(kMaxDerivedClasses) +
                         "], got " + std::to_string(num_classes));
-    const ConvertOptions options{max_train, max_test, parse_image_layout(layout), num_classes};
-    return convert(args, options, vm.count("layout") || vm.count("num-classes"));
+    const bool image_folder = !args.empty() && parse_source_format(args[0]) ==
+                                                   SourceFormat::kImageFolder;
+    const bool image_folder_options_given = vm.count("size") || vm.count("test-fraction") ||
+                                            vm.count("seed") || skip_bad_images ||
+                                            rank_zero_writes;
+    if (!image_folder) {
+      if (image_folder_options_given)
+        throw ConfigError("--size, --test-fraction, --seed, --skip-bad-images and "
+                          "--rank-zero-writes belong to convert imagefolder");
+      const ConvertOptions options{max_train, max_test, parse_image_layout(layout), num_classes};
+      return convert(args, options, vm.count("layout") || vm.count("num-classes"));
+    }
+    if (args.size() != 3)
+      throw ConfigError("convert imagefolder takes ROOT OUT.h5 (got " +
+                        std::to_string(args.size() - 1) + " arguments)");
+    if (vm.count("max-train") || vm.count("max-test") || vm.count("layout") ||
+        vm.count("num-classes"))
+      throw ConfigError("--max-train, --max-test, --layout and --num-classes do not apply to "
+                        "convert imagefolder");
+    if (!vm.count("size")) throw ConfigError("convert imagefolder needs --size HxW");
+    if (vm.count("seed") && !vm.count("test-fraction"))
+      throw ConfigError("--seed chooses the --test-fraction split; give --test-fraction too");
+    ImageFolderOptions options;
+    parse_image_folder_size(image_size, options);
+    if (vm.count("test-fraction")) options.test_fraction = test_fraction;
+    options.seed = seed;
+    options.skip_bad_images = skip_bad_images;
+    options.rank_zero_writes = rank_zero_writes;
+    return convert_image_folder_command(args, options, &argc, &argv);
   }
   if (vm.count("max-train") || vm.count("max-test") || vm.count("layout") ||
-      vm.count("num-classes"))
-    throw ConfigError("--max-train, --max-test, --layout and --num-classes belong to convert");
+      vm.count("num-classes") || vm.count("size") || vm.count("test-fraction") ||
+      vm.count("seed") || skip_bad_images || rank_zero_writes)
+    throw ConfigError("--max-train, --max-test, --layout, --num-classes, --size, "
+                      "--test-fraction, --seed, --skip-bad-images and --rank-zero-writes belong "
+                      "to convert");
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
     std::fputs(describe_dataset_file(args[0]).c_str(), stdout);

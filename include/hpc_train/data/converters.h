@@ -11,9 +11,11 @@
 
 namespace hpc_train {
 
-enum class SourceFormat { kFashionMnist, kMnist, kCifar10, kCifar10Python, kNpz };
+// kImageFolder is converted by convert_image_folder (image_folder.h), over MPI ranks, not by
+// read_source_dataset.
+enum class SourceFormat { kFashionMnist, kMnist, kCifar10, kCifar10Python, kNpz, kImageFolder };
 
-// "fashion-mnist" | "mnist" | "cifar10" | "cifar10-python" | "npz"; throws ConfigError listing
+// "fashion-mnist" | "mnist" | "cifar10" | "cifar10-python" | "npz" | "imagefolder"; throws ConfigError listing
 // the known names otherwise.
 SourceFormat parse_source_format(const std::string& name);
 

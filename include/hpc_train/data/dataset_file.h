@@ -94,4 +94,26 @@ struct DatasetContents {
 // per-channel mean/std of the train images. Throws DataError for inconsistent sizes or labels.
 void write_dataset_file(const std::string& path, DatasetContents contents);
 
+// Whether write_dataset_file_collective works in this build: the HDF5 library is parallel.
+bool collective_dataset_writes_available();
+
+// One rank's consecutive samples of each split, for write_dataset_file_collective.
+struct DatasetShare {
+  int64_t first_train = 0;  // the index in the file of train_labels[0]
+  std::vector<uint8_t> train_images;  // train_labels.size() * C*H*W
+  std::vector<int64_t> train_labels;
+  int64_t first_test = 0;
+  std::vector<uint8_t> test_images;
+  std::vector<int64_t> test_labels;
+};
+
+// write_dataset_file of the samples of every rank, collective over `comm` through the MPI-IO
+// driver of a parallel HDF5: `info` is the same on every rank, with train_size and test_size
+// set; each rank writes its own share, and mean/std come from every rank's train images (sums
+// of integers, so the file equals write_dataset_file's of the whole). The same checks, before
+// anything is written; atomic, rank 0 owning the temporary file. A refused share throws
+// DataError on every rank (the others': "another rank's share failed").
+void write_dataset_file_collective(MPI_Comm comm, const std::string& path, DatasetInfo info,
+                                   const DatasetShare& share);
+
 }  // namespace hpc_train

@@ -46,10 +46,20 @@ class HpcTrain(CMakePackage, CudaPackage):
         depends_on(f"py-torch cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
         depends_on(f"nccl cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
 
+    # libjpeg(-turbo) and libpng decode the images of `hpc_train_data convert imagefolder`;
+    # optional in CMake (a build without them refuses that converter).
+    variant("images", default=True, description="convert imagefolder: JPEG and PNG decoding")
+    depends_on("jpeg", when="+images")  # the virtual: libjpeg-turbo or libjpeg
+    depends_on("libpng", when="+images")
+
     depends_on("googletest", type="test")
 
     def cmake_args(self):
         args = [self.define("HPC_TRAIN_BUILD_TESTS", self.run_tests)]
+        if self.spec.satisfies("~images"):
+            # Not a system libjpeg/libpng that CMake would find outside Spack's.
+            args.append(self.define("CMAKE_DISABLE_FIND_PACKAGE_JPEG", True))
+            args.append(self.define("CMAKE_DISABLE_FIND_PACKAGE_PNG", True))
         if self.spec.satisfies("+cuda"):
             # The architectures of our own kernels (src/**/*.cu); LibTorch's are py-torch's.
             cuda_arch = self.spec.variants["cuda_arch"].value

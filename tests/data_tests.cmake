@@ -35,3 +35,7 @@ if(HPC_TRAIN_NUMPY_PYTHON)
   set_property(TEST test_convert_sources APPEND PROPERTY ENVIRONMENT
     "HPC_TRAIN_NUMPY_PYTHON=${HPC_TRAIN_NUMPY_PYTHON}")
 endif()
+# Sharded datasets (data/dataset_shards.h): shards read back as their file through an index and a
+# pattern, at 1, 2 and 3 ranks and both kinds of file access; the index format; wrong sets.
+hpc_train_add_test(NAME test_dataset_shards SOURCES test_dataset_shards.cpp RANKS 1 2 3
+  LIBS hpc_train_test_support LABELS data TIMEOUT 60)

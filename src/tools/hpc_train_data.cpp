@@ -6,6 +6,7 @@
 //                          [--max-train N] [--max-test N]
 //   hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K]
 //   hpc_train_data inspect FILE.h5
+//   hpc_train_data shard IN.h5 --shards K OUT_PREFIX
 //   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
 
@@ -17,6 +18,7 @@
 #include "hpc_train/io/checkpoint.h"
 #include "hpc_train/data/converters.h"
 #include "hpc_train/data/dataset_file.h"
+#include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/error.h"
 
 namespace po = boost::program_options;
@@ -31,6 +33,7 @@ const char* const kUsage =
     "  hpc_train_data convert npz FILE.npz OUT.h5 [--layout nhwc|nchw] [--num-classes K] "
     "[--max-train N] [--max-test N]\n"
     "  hpc_train_data inspect FILE.h5\n"
+    "  hpc_train_data shard IN.h5 --shards K OUT_PREFIX\n"
     "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
     "\n"
@@ -42,7 +45,10 @@ const char* const kUsage =
     "default), N,C,H,W (nchw) or N,H,W; integer labels; classes = the largest label + 1\n"
     "unless --num-classes) and writes OUT.h5 (layout: data/README.md). inspect prints a summary of a dataset file. export writes the model\n"
     "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
-    "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
+    "safetensors.torch.load_file reads as a PyTorch state_dict.\n"
+    "shard splits a dataset into K files OUT_PREFIX-0000i-of-0000K.h5 (each split cut into\n"
+    "contiguous ranges, the source's mean/std kept) and the index OUT_PREFIX.shards;\n"
+    "hpc_train --dataset and inspect take the index or a quoted pattern of the files.\n";
 
 int convert(const std::vector<std::string>& args, const ConvertOptions& options,
             bool npz_options_given) {
@@ -60,6 +66,15 @@ int convert(const std::vector<std::string>& args, const ConvertOptions& options,
   write_dataset_file(args[2], std::move(contents));
   std::printf("wrote %s: %zu train, %zu test samples, %s, %lld classes\n", args[2].c_str(), train,
               test, shape.c_str(), static_cast<long long>(source.num_classes));
+  return kExitOk;
+}
+
+int shard(const std::vector<std::string>& args, int64_t shards) {
+  if (args.size() != 2)
+    throw ConfigError("shard takes IN.h5 OUT_PREFIX and --shards K (got " +
+                      std::to_string(args.size()) + " arguments)");
+  const std::vector<std::string> written = write_dataset_shards(args[0], shards, args[1]);
+  for (const std::string& path : written) std::printf("wrote %s\n", path.c_str());
   return kExitOk;
 }
 
@@ -82,7 +97,7 @@ int export_weights(const std::vector<std::string>& args) {
 }
 
 int run(int argc, char** argv) {
-  int64_t max_train = -1, max_test = -1, num_classes = -1;
+  int64_t max_train = -1, max_test = -1, num_classes = -1, shards = 0;
   std::string layout = "nhwc";
   po::options_description visible("options");
   visible.add_options()
@@ -93,7 +108,8 @@ int run(int argc, char** argv) {
       ("layout", po::value<std::string>(&layout),
        "convert npz: the axes of 4-D image arrays, nhwc (default) or nchw")
       ("num-classes", po::value<int64_t>(&num_classes),
-       "convert npz: the number of classes (default: the largest label + 1)");
+       "convert npz: the number of classes (default: the largest label + 1)")
+      ("shards", po::value<int64_t>(&shards), "shard: the number of files to write");
   po::options_description hidden;
   hidden.add_options()
       ("command", po::value<std::string>())
@@ -123,6 +139,7 @@ int run(int argc, char** argv) {
   const std::vector<std::string> args =
       vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
 
+  if (command != "shard" && vm.count("shards")) throw ConfigError("--shards belongs to shard");
   if (command == "convert") {
     for (const char* name : {"max-train", "max-test"}) {
       const int64_t value = vm.count(name) ? vm[name].as<int64_t>() : 0;
@@ -138,13 +155,19 @@ int run(int argc, char** argv) {
   if (vm.count("max-train") || vm.count("max-test") || vm.count("layout") ||
       vm.count("num-classes"))
     throw ConfigError("--max-train, --max-test, --layout and --num-classes belong to convert");
+  if (command == "shard") {
+    if (!vm.count("shards")) throw ConfigError("shard needs --shards K");
+    return shard(args, shards);
+  }
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
-    std::fputs(describe_dataset_file(args[0]).c_str(), stdout);
+    const bool shard_set = resolve_dataset_sources(args[0]).is_set();
+    std::fputs((shard_set ? describe_dataset_shards(args[0]) : describe_dataset_file(args[0])).c_str(),
+               stdout);
     return kExitOk;
   }
   if (command == "export") return export_weights(args);
-  throw ConfigError("unknown command '" + command + "' (expected convert, inspect or export)");
+  throw ConfigError("unknown command '" + command + "' (expected convert, inspect, shard or export)");
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using ::test_support::world_rank;
+namespace test_world = ::test_support;
 
 bool thread_multiple() {
   int level = MPI_THREAD_SINGLE;
@@ -330,4 +331,35 @@ TEST_F(DatasetShardsTest, WritingRefusesBadCountsBeforeWritingAnything) {
   // No temporary file is left beside them.
   for (const auto& entry : fs::directory_iterator(dir_))
     EXPECT_EQ(entry.path().string().find(".partial"), std::string::npos) << entry.path();
+}
+
+// Note [Agreed shard list]: ranks that expand a pattern to different files (here: each rank in a
+// folder of its own, rank 0's with one shard more) or fail to expand it all throw, rather than
+// leave the others in a collective open.
+TEST_F(DatasetShardsTest, RanksThatSeeOtherFilesAllFailWithMpiIo) {
+  if (test_world::world_size() < 2 ||
+      preferred_file_access(thread_multiple()) != FileAccess::kMpiIo)
+    GTEST_SKIP() << "needs 2 or more ranks and MPI-IO";
+  if (world_rank() == 0)
+    for (int rank = 0; rank < test_world::world_size(); ++rank) {
+      for (const char* view : {"view", "empty"})
+        fs::create_directory(path(std::string(view) + "-" + std::to_string(rank)));
+      for (int64_t s = 0; s < (rank == 0 ? 3 : 2); ++s) {
+        const std::string shard = shard_file_path("three", s, 3);
+        fs::create_symlink(path(shard), path("view-" + std::to_string(rank)) + "/" + shard);
+      }
+    }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const fs::path start = fs::current_path();
+  const std::string rank = std::to_string(world_rank());
+  fs::current_path(path("view-" + rank));
+  expect_data_error([] { DatasetFile::open("three-*.h5", FileAccess::kMpiIo, MPI_COMM_WORLD); },
+                    {"three-*.h5: the ranks see different files (this rank " +
+                     std::string(world_rank() == 0 ? "3" : "2") + " shard(s))"});
+  // Rank 0 finds its shards; the others find none.
+  fs::current_path(world_rank() == 0 ? path("view-0") : path("empty-" + rank));
+  expect_data_error([] { DatasetFile::open("three-*.h5", FileAccess::kMpiIo, MPI_COMM_WORLD); },
+                    {world_rank() == 0 ? "another rank could not resolve the dataset"
+                                       : "the pattern 'three-*.h5' matches no file"});
+  fs::current_path(start);
 }

@@ -508,6 +508,41 @@ void require_same_layout(const std::string& first_path, const DatasetInfo& first
   if (bits(info.std) != bits(first.std)) differs("std", floats_text(info.std), floats_text(first.std));
 }
 
+// Note [Agreed shard list]: with MPI-IO every shard's open is collective, so the ranks must open
+// the same files in the same order. Each rank expands the pattern or reads the index itself; a
+// rank that fails to, or that sees other files (no shared file system, a shard written while the
+// job starts), would leave the others waiting in a collective open. So the ranks agree first, by
+// one all-reduce of a digest of the list: every rank throws, the failing one its own error.
+DatasetSources agreed_dataset_sources(const std::string& path, MPI_Comm comm) {
+  DatasetSources sources;
+  std::exception_ptr error;
+  try {
+    sources = resolve_dataset_sources(path);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  uint64_t digest = 14695981039346656037ull;  // FNV-1a over the paths and counts
+  auto mix = [&digest](const std::string& bytes) {
+    for (unsigned char byte : bytes) digest = (digest ^ byte) * 1099511628211ull;
+    digest = (digest ^ 0xff) * 1099511628211ull;  // a separator no path byte can fake
+  };
+  for (const ShardSource& shard : sources.shards)
+    mix(shard.path + " " + std::to_string(shard.train_size) + " " +
+        std::to_string(shard.test_size));
+  // {failed, digest, ~digest} under MAX: any failure, the largest and the smallest digest.
+  unsigned long long mine[3] = {error ? 1ull : 0ull, digest, ~digest};
+  unsigned long long all[3] = {};
+  MPI_CHECK(MPI_Allreduce(mine, all, 3, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
+  if (error) std::rethrow_exception(error);
+  if (all[0] != 0)
+    throw DataError(path + ": another rank could not resolve the dataset (its message says why)");
+  if (all[1] != ~all[2])
+    throw DataError(path + ": the ranks see different files (this rank " +
+                    std::to_string(sources.shards.size()) + " shard(s)); every rank must see the "
+                    "same shards, as on a shared file system");
+  return sources;
+}
+
 }  // namespace
 
 const char* split_name(Split split) { return split == Split::kTrain ? "train" : "test"; }
@@ -578,7 +613,9 @@ DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Co
       throw Error("cannot open " + path + " with MPI-IO: this HDF5 library is serial");
     if (comm == MPI_COMM_NULL) throw Error("cannot open " + path + " with MPI-IO: no communicator");
   }
-  const DatasetSources sources = resolve_dataset_sources(path);
+  const DatasetSources sources = access == FileAccess::kMpiIo
+                                     ? agreed_dataset_sources(path, comm)
+                                     : resolve_dataset_sources(path);
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->access = access;

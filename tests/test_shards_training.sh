@@ -7,8 +7,8 @@
 #      through the index ends with the same weights (--export-weights, compared byte for byte
 #      with cmp) and the same losses (every loss of metrics.jsonl, as printed there);
 #   3. the same with the train split resident (--resident-data on) and read by the loader (off);
-#   4. a run over the shards checkpointed at step 7 and resumed (by the pattern) ends byte for
-#      byte where the uninterrupted run over the file ends;
+#   4. a run over the shards checkpointed at step 7 and resumed (by the pattern, and on the file)
+#      ends byte for byte where the uninterrupted run over the file ends;
 #   5. a pattern that matches nothing, an index whose counts disagree with a shard, a missing
 #      shard and shards of two layouts end every rank with exit 3 and a message naming them.
 set -euo pipefail
@@ -113,6 +113,10 @@ train 3 resumed 'parts/slice-*.h5' --resume "$step7"
 grep -qF "Resumed from $step7: step 7" resumed.out || fail "resumed: no resume line"
 cmp resumed.safetensors file-3.safetensors || fail "resumed over the shards ends elsewhere"
 cmp checkpointed.safetensors file-3.safetensors || fail "checkpointed run ends elsewhere"
+# The shards are the file: their checkpoint resumes on it too (as a resume checks only that the
+# data fits the checkpoint, any set of the same layout would; see the README).
+train 3 resumed-on-file slice.h5 --resume "$step7"
+cmp resumed-on-file.safetensors file-3.safetensors || fail "resumed on the file ends elsewhere"
 
 echo "== 5. wrong sets end every rank with exit 3"
 # hpc_train_fails TEXT DATASET: a 2-rank run over DATASET exits 3 naming TEXT.

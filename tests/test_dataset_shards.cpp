@@ -112,7 +112,8 @@ class DatasetShardsTest : public ::testing::Test {
 };
 
 // The samples at `indices` of `split`, images then labels as bytes.
-std::vector<uint8_t> read(const DatasetFile& file, Split split, const std::vector<int64_t>& indices) {
+std::vector<uint8_t> read(const DatasetFile& file, Split split,
+                          const std::vector<int64_t>& indices) {
   const size_t sample_bytes = static_cast<size_t>(file.info().sample_bytes());
   std::vector<uint8_t> images(indices.size() * sample_bytes);
   std::vector<int64_t> labels(indices.size());

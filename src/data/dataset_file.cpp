@@ -505,7 +505,8 @@ void require_same_layout(const std::string& first_path, const DatasetInfo& first
   };
   if (bits(info.mean) != bits(first.mean))
     differs("mean", floats_text(info.mean), floats_text(first.mean));
-  if (bits(info.std) != bits(first.std)) differs("std", floats_text(info.std), floats_text(first.std));
+  if (bits(info.std) != bits(first.std))
+    differs("std", floats_text(info.std), floats_text(first.std));
 }
 
 // Note [Agreed shard list]: with MPI-IO every shard's open is collective, so the ranks must open
@@ -620,33 +621,41 @@ DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Co
   impl->path = path;
   impl->access = access;
   impl->files.reserve(sources.shards.size());
-  for (size_t s = 0; s < sources.shards.size(); ++s) {
-    const ShardSource& source = sources.shards[s];
-    DatasetInfo info;
-    impl->files.push_back(open_file(source.path, access, comm, info));
-    const OpenFile& file = impl->files.back();
-    if (sources.kind == DatasetSources::Kind::kIndex)
+  // Note [Shard order]: every file in order, validated, checked against the index's counts and
+  // the first file's layout, its range recorded.
+  try {
+    for (size_t s = 0; s < sources.shards.size(); ++s) {
+      const ShardSource& source = sources.shards[s];
+      DatasetInfo info;
+      impl->files.push_back(open_file(source.path, access, comm, info));
+      const OpenFile& file = impl->files.back();
+      if (sources.kind == DatasetSources::Kind::kIndex)
+        for (Split split : {Split::kTrain, Split::kTest}) {
+          const int64_t declared =
+              split == Split::kTrain ? source.train_size : source.test_size;
+          if (file.split(split).size != declared)
+            throw DataError(sources.describe(s) + " holds " +
+                            std::to_string(file.split(split).size) + " " + split_name(split) +
+                            " samples, the index says " + std::to_string(declared));
+        }
+      if (s == 0)
+        impl->info = info;
+      else
+        require_same_layout(impl->files.front().path, impl->info, file.path, info);
+      impl->shards.push_back({file.path, file.train.size, file.test.size});
       for (Split split : {Split::kTrain, Split::kTest}) {
-        const int64_t declared =
-            split == Split::kTrain ? source.train_size : source.test_size;
-        if (file.split(split).size != declared)
-          throw DataError(sources.describe(s) + " holds " +
-                          std::to_string(file.split(split).size) + " " + split_name(split) +
-                          " samples, the index says " + std::to_string(declared));
+        std::vector<int64_t>& first = split == Split::kTrain ? impl->train_first : impl->test_first;
+        int64_t end = 0;
+        if (__builtin_add_overflow(first.back(), file.split(split).size, &end))
+          throw DataError(path + ": the " + std::string(split_name(split)) +
+                          " samples of its shards overflow a 64-bit count");
+        first.push_back(end);
       }
-    if (s == 0)
-      impl->info = info;
-    else
-      require_same_layout(impl->files.front().path, impl->info, file.path, info);
-    impl->shards.push_back({file.path, file.train.size, file.test.size});
-    for (Split split : {Split::kTrain, Split::kTest}) {
-      std::vector<int64_t>& first = split == Split::kTrain ? impl->train_first : impl->test_first;
-      int64_t end = 0;
-      if (__builtin_add_overflow(first.back(), file.split(split).size, &end))
-        throw DataError(path + ": the " + std::string(split_name(split)) +
-                        " samples of its shards overflow a 64-bit count");
-      first.push_back(end);
     }
+  } catch (...) {
+    h5::Lock lock;  // Note [HDF5 lock]: the files opened so far close inside
+    impl.reset();
+    throw;
   }
   impl->info.train_size = impl->train_first.back();
   impl->info.test_size = impl->test_first.back();

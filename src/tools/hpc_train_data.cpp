@@ -134,7 +134,7 @@ int run(int argc, char** argv) {
     std::printf("hpc_train_data %s\n", HPC_TRAIN_VERSION);
     return kExitOk;
   }
-  if (!vm.count("command")) throw ConfigError("no command given (convert, inspect or export)");
+  if (!vm.count("command")) throw ConfigError("no command given (convert, inspect, shard or export)");
   const std::string command = vm["command"].as<std::string>();
   const std::vector<std::string> args =
       vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
@@ -161,13 +161,15 @@ int run(int argc, char** argv) {
   }
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
-    const bool shard_set = resolve_dataset_sources(args[0]).is_set();
-    std::fputs((shard_set ? describe_dataset_shards(args[0]) : describe_dataset_file(args[0])).c_str(),
-               stdout);
+    const bool shard_set = resolve_dataset_sources(args[0]).is_set();  // a pattern or an index
+    const std::string description =
+        shard_set ? describe_dataset_shards(args[0]) : describe_dataset_file(args[0]);
+    std::fputs(description.c_str(), stdout);
     return kExitOk;
   }
   if (command == "export") return export_weights(args);
-  throw ConfigError("unknown command '" + command + "' (expected convert, inspect, shard or export)");
+  throw ConfigError("unknown command '" + command +
+                    "' (expected convert, inspect, shard or export)");
 }
 
 }  // namespace

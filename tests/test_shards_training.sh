@@ -5,7 +5,8 @@
 #      index; inspect describes the set; bad shard counts end with exit 2, a bad input with 3;
 #   2. at 1, 2 and 3 ranks, training on the file, on the shards through a quoted pattern and
 #      through the index ends with the same weights (--export-weights, compared byte for byte
-#      with cmp) and the same losses (every loss of metrics.jsonl, as printed there);
+#      with cmp) and the same losses (every loss of metrics.jsonl, as printed there); the
+#      pattern read from an INI file (the run directory's config.ini) too;
 #   3. the same with the train split resident (--resident-data on) and read by the loader (off);
 #   4. a run over the shards checkpointed at step 7 and resumed (by the pattern, and on the file)
 #      ends byte for byte where the uninterrupted run over the file ends;
@@ -93,6 +94,12 @@ for np in 1 2 3; do
   same "glob-$np" "file-$np"
   same "index-$np" "file-$np"
 done
+# The pattern in an INI file: the run directory's config.ini (dataset = parts/slice-*.h5, no
+# quotes) repeats the run.
+grep -qxF "dataset = parts/slice-*.h5" glob-1/config.ini || fail "glob-1/config.ini: no pattern"
+timeout 300 "$MPIEXEC" -np 1 "$HPC_TRAIN" --config glob-1/config.ini --run-dir ini-1 \
+  --export-weights ini-1.safetensors > ini-1.out 2>&1 || { cat ini-1.out; fail "run ini-1 failed"; }
+same ini-1 file-1
 # The comparison can tell runs apart: another seed ends elsewhere.
 train 1 seed-1 slice.h5 --seed 2
 ! cmp -s seed-1.safetensors file-1.safetensors || fail "another seed ended with the same weights"

@@ -46,3 +46,12 @@ if(HPC_TRAIN_NUMPY_PYTHON)
   set_property(TEST test_convert_imagefolder APPEND PROPERTY ENVIRONMENT
     "HPC_TRAIN_NUMPY_PYTHON=${HPC_TRAIN_NUMPY_PYTHON}")
 endif()
+# Sharded datasets (data/dataset_shards.h): shards read back as their file through an index and a
+# pattern, at 1, 2 and 3 ranks and both kinds of file access; the index format; wrong sets.
+hpc_train_add_test(NAME test_dataset_shards SOURCES test_dataset_shards.cpp RANKS 1 2 3
+  LIBS hpc_train_test_support LABELS data TIMEOUT 60)
+# Training on shards is training on their file: hpc_train_data shard and inspect; weights and
+# losses of the file, a pattern and an index equal at 1, 2 and 3 ranks, resident data on and off,
+# resume over shards; wrong sets end every rank with exit 3 (tests/test_shards_training.sh).
+hpc_train_add_script_test(NAME test_shards_training SCRIPT test_shards_training.sh LABELS data
+  TIMEOUT 600)

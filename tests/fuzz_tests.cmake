@@ -1,7 +1,7 @@
 # Fuzzing (label fuzz): every parser of bytes from outside has a libFuzzer target in fuzz/ (IDX and
 # CIFAR-10 converters, dataset file, checkpoint, safetensors header, DeepSpeed JSON, INI config,
 # the zip of a TorchScript file, numpy .npz files, the CIFAR-10 python pickles, the JPEG/PNG
-# decoder of convert imagefolder),
+# decoder of convert imagefolder, the shard index),
 # built by clang with AddressSanitizer and UndefinedBehaviorSanitizer as a project of its own.
 # fuzz_build configures and builds it into build/fuzz (a fixture, so `ctest -L fuzz` or `-R
 # fuzz_idx` builds first); then each target runs as its own test, a fixed count of inputs, over
@@ -28,9 +28,10 @@ set(HPC_TRAIN_FUZZ_RUNS_config_ini 59000)
 set(HPC_TRAIN_FUZZ_RUNS_torchscript_file 40000)
 set(HPC_TRAIN_FUZZ_RUNS_npz 200000)
 set(HPC_TRAIN_FUZZ_RUNS_cifar10_python 25000)
+set(HPC_TRAIN_FUZZ_RUNS_shard_index 900000)
 set(HPC_TRAIN_FUZZ_RUNS_image_decode 150000)
 set(HPC_TRAIN_FUZZ_TARGETS idx cifar10 dataset_file checkpoint safetensors deepspeed_config
-    config_ini torchscript_file npz cifar10_python)
+    config_ini torchscript_file npz cifar10_python shard_index)
 # The JPEG/PNG decoder of convert imagefolder exists only where CMake found libjpeg and libpng.
 if(HPC_TRAIN_IMAGE_DECODING)
   list(APPEND HPC_TRAIN_FUZZ_TARGETS image_decode)

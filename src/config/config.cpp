@@ -83,7 +83,9 @@ const std::string kModelHelp = "a name in the model registry (" + model_names_te
 
 // Note [One table of options]
 const OptionSpec kOptions[] = {
-    {"dataset", "data", &TrainConfig::dataset_path, "HDF5 dataset file (hpc_train_data makes one)"},
+    {"dataset", "data", &TrainConfig::dataset_path,
+     "HDF5 dataset file (hpc_train_data makes one), or its shards: a quoted pattern "
+     "('data/x-*.h5') or a shard index file (hpc_train_data shard writes both)"},
     {"drop-last", "data", &TrainConfig::drop_last, "drop each epoch's tail instead of padding it"},
     {"prefetch", "data", &TrainConfig::prefetch_batches, "batches read ahead by the loader thread"},
     {"augment", "data", &TrainConfig::augment,

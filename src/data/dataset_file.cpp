@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "io/hdf5_attributes.h"
 #include "io/hdf5_util.h"
+#include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/io/atomic_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
@@ -507,6 +509,135 @@ void read_image_runs(hid_t dataset, const std::vector<std::pair<hsize_t, hsize_t
   }
 }
 
+// One opened file of a dataset (the only one, or a shard).
+struct OpenFile {
+  std::string path;
+  // Declared before the datasets so that it is closed after them: the MPI-IO driver refuses to
+  // close a file that still has open objects.
+  h5::File file;
+  SplitDatasets train;
+  SplitDatasets test;
+
+  const SplitDatasets& split(Split s) const { return s == Split::kTrain ? train : test; }
+};
+
+// Opens and validates one file (DatasetFile::open's contract), its info in `info` (the sizes
+// set). Collective over `comm` with FileAccess::kMpiIo.
+OpenFile open_file(const std::string& path, FileAccess access, MPI_Comm comm, DatasetInfo& info) {
+  // Checked before the collective H5Fopen: every rank sees the same file and throws alike,
+  // where a failed collective open could leave some ranks waiting.
+  require_regular_file(path);
+
+  h5::Lock lock;  // Note [HDF5 lock]; before every handle below
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 <= 0)
+    throw DataError(path + ": not an HDF5 file" +
+                    (is_hdf5 < 0 ? " (" + h5::error_stack_message() + ")" : std::string()));
+
+  h5::PropertyList access_list(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
+#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
+  if (access == FileAccess::kMpiIo)
+    H5_CHECK(H5Pset_fapl_mpio(access_list.get(), comm, MPI_INFO_NULL));
+#else
+  (void)access;
+  (void)comm;
+#endif
+  OpenFile opened;
+  opened.path = path;
+  const hid_t file_id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access_list.get());
+  if (file_id < 0)
+    throw DataError(path + ": cannot open as HDF5 (" + h5::error_stack_message() + ")");
+  opened.file = h5::File(file_id);
+  {
+    h5::Group root(H5_CHECK(H5Gopen2(opened.file.get(), "/", H5P_DEFAULT)));
+    info = read_info(path, root.get());
+  }
+  opened.train = open_split(path, opened.file.get(), Split::kTrain, info);
+  opened.test = open_split(path, opened.file.get(), Split::kTest, info);
+  info.train_size = opened.train.size;
+  info.test_size = opened.test.size;
+  if (info.train_size == 0) throw DataError(path + ": the train split is empty");
+  return opened;
+}
+
+std::string floats_text(const std::vector<float>& values) {
+  std::string text;
+  char number[32];
+  for (size_t i = 0; i < values.size(); ++i) {
+    // 9 significant digits tell any two floats apart.
+    std::snprintf(number, sizeof number, "%s%.9g", i ? ", " : "", static_cast<double>(values[i]));
+    text += number;
+  }
+  return text;
+}
+
+// Note [Shard layout]: `info` of the shard at `path` against `first`, the first shard's. The
+// sizes may differ; the floats must be equal bit for bit, as the inputs are normalised by them.
+void require_same_layout(const std::string& first_path, const DatasetInfo& first,
+                         const std::string& path, const DatasetInfo& info) {
+  auto differs = [&](const std::string& what, const std::string& value,
+                     const std::string& first_value) {
+    throw DataError("shard " + path + " has " + what + " " + value + " but shard " + first_path +
+                    " has " + first_value + ": the shards of a dataset share one layout and "
+                    "its statistics (hpc_train_data shard writes them so)");
+  };
+  auto shape = [](const DatasetInfo& i) {
+    return std::to_string(i.channels) + "x" + std::to_string(i.height) + "x" +
+           std::to_string(i.width);
+  };
+  if (shape(info) != shape(first)) differs("image shape (C x H x W)", shape(info), shape(first));
+  if (info.num_classes != first.num_classes)
+    differs("num_classes", std::to_string(info.num_classes), std::to_string(first.num_classes));
+  for (size_t k = 0; k < info.class_names.size(); ++k)
+    if (info.class_names[k] != first.class_names[k])
+      differs("class_names[" + std::to_string(k) + "]", "'" + info.class_names[k] + "'",
+              "'" + first.class_names[k] + "'");
+  auto bits = [](const std::vector<float>& values) {
+    std::vector<uint32_t> out(values.size());
+    std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+    return out;
+  };
+  if (bits(info.mean) != bits(first.mean))
+    differs("mean", floats_text(info.mean), floats_text(first.mean));
+  if (bits(info.std) != bits(first.std))
+    differs("std", floats_text(info.std), floats_text(first.std));
+}
+
+// Note [Agreed shard list]: with MPI-IO every shard's open is collective, so the ranks must open
+// the same files in the same order. Each rank expands the pattern or reads the index itself; a
+// rank that fails to, or that sees other files (no shared file system, a shard written while the
+// job starts), would leave the others waiting in a collective open. So the ranks agree first, by
+// one all-reduce of a digest of the list: every rank throws, the failing one its own error.
+DatasetSources agreed_dataset_sources(const std::string& path, MPI_Comm comm) {
+  DatasetSources sources;
+  std::exception_ptr error;
+  try {
+    sources = resolve_dataset_sources(path);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  uint64_t digest = 14695981039346656037ull;  // FNV-1a over the paths and counts
+  auto mix = [&digest](const std::string& bytes) {
+    for (unsigned char byte : bytes) digest = (digest ^ byte) * 1099511628211ull;
+    digest = (digest ^ 0xff) * 1099511628211ull;  // a separator no path byte can fake
+  };
+  for (const ShardSource& shard : sources.shards)
+    mix(shard.path + " " + std::to_string(shard.train_size) + " " +
+        std::to_string(shard.test_size));
+  // {failed, digest, ~digest} under MAX: any failure, the largest and the smallest digest.
+  unsigned long long mine[3] = {error ? 1ull : 0ull, digest, ~digest};
+  unsigned long long all[3] = {};
+  MPI_CHECK(MPI_Allreduce(mine, all, 3, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
+  if (error) std::rethrow_exception(error);
+  if (all[0] != 0)
+    throw DataError(path + ": another rank could not resolve the dataset (its message says why)");
+  if (all[1] != ~all[2])
+    throw DataError(path + ": the ranks see different files (this rank " +
+                    std::to_string(sources.shards.size()) + " shard(s)); every rank must see the "
+                    "same shards, as on a shared file system");
+  return sources;
+}
+
 }  // namespace
 
 const char* split_name(Split split) { return split == Split::kTrain ? "train" : "test"; }
@@ -521,13 +652,22 @@ struct DatasetFile::Impl {
   std::string path;
   FileAccess access = FileAccess::kSerial;
   DatasetInfo info;
-  // Declared before the datasets so that it is closed after them: the MPI-IO driver refuses to
-  // close a file that still has open objects.
-  h5::File file;
-  SplitDatasets train;
-  SplitDatasets test;
+  std::vector<OpenFile> files;  // Note [Shard order]
+  std::vector<DatasetShard> shards;
+  // first(s) of each file in each split, and the split's size last: file s holds the global
+  // indices [first[s], first[s + 1]).
+  std::vector<int64_t> train_first{0};
+  std::vector<int64_t> test_first{0};
 
-  const SplitDatasets& split(Split s) const { return s == Split::kTrain ? train : test; }
+  const std::vector<int64_t>& first(Split s) const {
+    return s == Split::kTrain ? train_first : test_first;
+  }
+  // The file that holds global index `index` of a split (in range).
+  size_t file_of(Split s, int64_t index) const {
+    const std::vector<int64_t>& starts = first(s);
+    return static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), index) -
+                               starts.begin() - 1);
+  }
 };
 
 DatasetFile::DatasetFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -560,6 +700,7 @@ DatasetFile& DatasetFile::operator=(DatasetFile&& other) noexcept {
 
 const std::string& DatasetFile::path() const { return impl_->path; }
 const DatasetInfo& DatasetFile::info() const { return impl_->info; }
+const std::vector<DatasetShard>& DatasetFile::shards() const { return impl_->shards; }
 
 DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Comm comm) {
   if (access == FileAccess::kMpiIo) {
@@ -567,37 +708,51 @@ DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Co
       throw Error("cannot open " + path + " with MPI-IO: this HDF5 library is serial");
     if (comm == MPI_COMM_NULL) throw Error("cannot open " + path + " with MPI-IO: no communicator");
   }
-  // Checked before the collective H5Fopen: every rank sees the same file and throws alike,
-  // where a failed collective open could leave some ranks waiting.
-  require_regular_file(path);
-
-  h5::Lock lock;  // Note [HDF5 lock]; before every handle below
-  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
-  if (is_hdf5 <= 0)
-    throw DataError(path + ": not an HDF5 file" +
-                    (is_hdf5 < 0 ? " (" + h5::error_stack_message() + ")" : std::string()));
-
-  h5::PropertyList access_list(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)));
-#if defined(HPC_TRAIN_HDF5_PARALLEL) && defined(H5_HAVE_PARALLEL)
-  if (access == FileAccess::kMpiIo)
-    H5_CHECK(H5Pset_fapl_mpio(access_list.get(), comm, MPI_INFO_NULL));
-#endif
+  const DatasetSources sources = access == FileAccess::kMpiIo
+                                     ? agreed_dataset_sources(path, comm)
+                                     : resolve_dataset_sources(path);
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  const hid_t file_id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, access_list.get());
-  if (file_id < 0)
-    throw DataError(path + ": cannot open as HDF5 (" + h5::error_stack_message() + ")");
-  impl->file = h5::File(file_id);
   impl->access = access;
-  {
-    h5::Group root(H5_CHECK(H5Gopen2(impl->file.get(), "/", H5P_DEFAULT)));
-    impl->info = read_info(path, root.get());
+  impl->files.reserve(sources.shards.size());
+  // Note [Shard order]: every file in order, validated, checked against the index's counts and
+  // the first file's layout, its range recorded.
+  try {
+    for (size_t s = 0; s < sources.shards.size(); ++s) {
+      const ShardSource& source = sources.shards[s];
+      DatasetInfo info;
+      impl->files.push_back(open_file(source.path, access, comm, info));
+      const OpenFile& file = impl->files.back();
+      if (sources.kind == DatasetSources::Kind::kIndex)
+        for (Split split : {Split::kTrain, Split::kTest}) {
+          const int64_t declared =
+              split == Split::kTrain ? source.train_size : source.test_size;
+          if (file.split(split).size != declared)
+            throw DataError(sources.describe(s) + " holds " +
+                            std::to_string(file.split(split).size) + " " + split_name(split) +
+                            " samples, the index says " + std::to_string(declared));
+        }
+      if (s == 0)
+        impl->info = info;
+      else
+        require_same_layout(impl->files.front().path, impl->info, file.path, info);
+      impl->shards.push_back({file.path, file.train.size, file.test.size});
+      for (Split split : {Split::kTrain, Split::kTest}) {
+        std::vector<int64_t>& first = split == Split::kTrain ? impl->train_first : impl->test_first;
+        int64_t end = 0;
+        if (__builtin_add_overflow(first.back(), file.split(split).size, &end))
+          throw DataError(path + ": the " + std::string(split_name(split)) +
+                          " samples of its shards overflow a 64-bit count");
+        first.push_back(end);
+      }
+    }
+  } catch (...) {
+    h5::Lock lock;  // Note [HDF5 lock]: the files opened so far close inside
+    impl.reset();
+    throw;
   }
-  impl->train = open_split(path, impl->file.get(), Split::kTrain, impl->info);
-  impl->test = open_split(path, impl->file.get(), Split::kTest, impl->info);
-  impl->info.train_size = impl->train.size;
-  impl->info.test_size = impl->test.size;
-  if (impl->info.train_size == 0) throw DataError(path + ": the train split is empty");
+  impl->info.train_size = impl->train_first.back();
+  impl->info.test_size = impl->test_first.back();
   return DatasetFile(std::move(impl));
 }
 
@@ -615,26 +770,42 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   std::vector<int64_t> sorted(indices);
   std::sort(sorted.begin(), sorted.end());
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  const auto runs = consecutive_runs(sorted);
+  // Note [Shard order]: the sorted indices fall into the files in file order; each file reads
+  // its part as local runs, in the same handle it was opened with.
+  const std::vector<int64_t>& first = d.first(split);
   const size_t sample_bytes = static_cast<size_t>(d.info.sample_bytes());
   std::vector<uint8_t> staged_images(sorted.size() * sample_bytes);
   {
     h5::Lock lock;  // Note [HDF5 lock]
-    try {
-      read_image_runs(d.split(split).images.get(), runs, sample_bytes, staged_images.data());
-    } catch (const DataError& e) {
-      throw DataError(d.path + ": reading /" + split_name(split) + ": " + e.what());
+    uint8_t* out = staged_images.data();
+    std::vector<int64_t> local;
+    for (auto begin = sorted.begin(); begin != sorted.end();) {
+      const size_t f = d.file_of(split, *begin);
+      const auto end = std::lower_bound(begin, sorted.end(), first[f + 1]);
+      local.assign(begin, end);
+      for (int64_t& index : local) index -= first[f];
+      const OpenFile& file = d.files[f];
+      try {
+        read_image_runs(file.split(split).images.get(), consecutive_runs(local), sample_bytes,
+                        out);
+      } catch (const DataError& e) {
+        throw DataError(file.path + ": reading /" + split_name(split) + ": " + e.what());
+      }
+      out += local.size() * sample_bytes;
+      begin = end;
     }
   }
-  const std::vector<int64_t>& split_labels = d.split(split).labels;  // checked at open
   for (size_t k = 0; k < indices.size(); ++k) {
     const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
     std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);
-    labels[k] = split_labels[static_cast<size_t>(indices[k])];
+    const size_t f = d.files.size() == 1 ? 0 : d.file_of(split, indices[k]);
+    // Checked at open (Note [Labels read at open]).
+    labels[k] = d.files[f].split(split).labels[static_cast<size_t>(indices[k] - first[f])];
   }
 }
 
-void write_dataset_file(const std::string& path, DatasetContents contents) {
+void write_dataset_file(const std::string& path, DatasetContents contents,
+                        ChannelStatistics statistics) {
   const fs::path directory = fs::absolute(path).parent_path();
   std::error_code error;
   if (!fs::is_directory(directory, error))
@@ -643,7 +814,20 @@ void write_dataset_file(const std::string& path, DatasetContents contents) {
   DatasetInfo& info = contents.info;
   info.train_size = static_cast<int64_t>(contents.train_labels.size());
   info.test_size = static_cast<int64_t>(contents.test_labels.size());
-  compute_mean_std(info, contents.train_images);
+  if (statistics == ChannelStatistics::kFromTrainImages) {
+    compute_mean_std(info, contents.train_images);
+  } else {
+    for (const std::vector<float>* values : {&info.mean, &info.std})
+      if (static_cast<int64_t>(values->size()) != info.channels)
+        throw DataError("cannot write " + path + ": " + std::to_string(values->size()) + " " +
+                        (values == &info.mean ? "mean" : "std") + " values for " +
+                        std::to_string(info.channels) + " channels");
+    for (int64_t c = 0; c < info.channels; ++c)
+      if (!std::isfinite(info.mean[c]) || !std::isfinite(info.std[c]) || info.std[c] <= 0.0f)
+        throw DataError("cannot write " + path + ": channel " + std::to_string(c) + " has mean " +
+                        float_text(info.mean[c]) + " and std " + float_text(info.std[c]) +
+                        ", expected finite values and std > 0");
+  }
   require_nonzero_std(path, info);
 
   // Note [Atomic file write]: a failed or killed conversion never leaves a half-written file

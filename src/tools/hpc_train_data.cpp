@@ -8,6 +8,7 @@
 //   [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW
 //                          [--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]
 //   hpc_train_data inspect FILE.h5
+//   hpc_train_data shard IN.h5 --shards K OUT_PREFIX
 //   hpc_train_data export CHECKPOINT.h5 OUT.safetensors
 #include <boost/program_options.hpp>
 
@@ -20,6 +21,7 @@
 #include "hpc_train/data/converters.h"
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/data/image_folder.h"
+#include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
 
@@ -37,6 +39,7 @@ const char* const kUsage =
     "  [mpirun -np N] hpc_train_data convert imagefolder ROOT OUT.h5 --size HxW "
     "[--test-fraction F [--seed S]] [--skip-bad-images] [--rank-zero-writes]\n"
     "  hpc_train_data inspect FILE.h5\n"
+    "  hpc_train_data shard IN.h5 --shards K OUT_PREFIX\n"
     "  hpc_train_data export CHECKPOINT.h5 OUT.safetensors\n"
     "  hpc_train_data --help | --version\n"
     "\n"
@@ -55,7 +58,10 @@ const char* const kUsage =
     "gathers them and writes (serial HDF5, or --rank-zero-writes).\n"
     "inspect prints a summary of a dataset file. export writes the model\n"
     "weights of a checkpoint (RUN_DIR/checkpoints/step-*.h5) as safetensors, which\n"
-    "safetensors.torch.load_file reads as a PyTorch state_dict.\n";
+    "safetensors.torch.load_file reads as a PyTorch state_dict.\n"
+    "shard splits a dataset into K files OUT_PREFIX-0000i-of-0000K.h5 (each split cut into\n"
+    "contiguous ranges, the source's mean/std kept) and the index OUT_PREFIX.shards;\n"
+    "hpc_train --dataset and inspect take the index or a quoted pattern of the files.\n";
 
 int convert(const std::vector<std::string>& args, const ConvertOptions& options,
             bool npz_options_given) {
@@ -97,6 +103,15 @@ int convert_image_folder_command(const std::vector<std::string>& args,
   });
 }
 
+int shard(const std::vector<std::string>& args, int64_t shards) {
+  if (args.size() != 2)
+    throw ConfigError("shard takes IN.h5 OUT_PREFIX and --shards K (got " +
+                      std::to_string(args.size()) + " arguments)");
+  const std::vector<std::string> written = write_dataset_shards(args[0], shards, args[1]);
+  for (const std::string& path : written) std::printf("wrote %s\n", path.c_str());
+  return kExitOk;
+}
+
 int export_weights(const std::vector<std::string>& args) {
   if (args.size() != 2)
     throw ConfigError("export takes CHECKPOINT.h5 OUT.safetensors (got " +
@@ -116,7 +131,7 @@ int export_weights(const std::vector<std::string>& args) {
 }
 
 int run(int argc, char** argv) {
-  int64_t max_train = -1, max_test = -1, num_classes = -1;
+  int64_t max_train = -1, max_test = -1, num_classes = -1, shards = 0;
   std::string layout = "nhwc";
   std::string image_size;
   double test_fraction = 0.0;
@@ -143,7 +158,9 @@ int run(int argc, char** argv) {
        "convert imagefolder: report and skip files that do not decode (else exit 3)")
       ("rank-zero-writes", po::bool_switch(&rank_zero_writes),
        "convert imagefolder: rank 0 gathers the images and writes (the way of a serial HDF5), "
-       "instead of every rank writing its own through MPI-IO");
+       "instead of every rank writing its own through MPI-IO")
+      ("shards", po::value<int64_t>(&shards), "shard: the number of files to write");
+
   po::options_description hidden;
   hidden.add_options()
       ("command", po::value<std::string>())
@@ -169,11 +186,12 @@ int run(int argc, char** argv) {
                 image_decoder_libraries().c_str());
     return kExitOk;
   }
-  if (!vm.count("command")) throw ConfigError("no command given (convert, inspect or export)");
+  if (!vm.count("command")) throw ConfigError("no command given (convert, inspect, shard or export)");
   const std::string command = vm["command"].as<std::string>();
   const std::vector<std::string> args =
       vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
 
+  if (command != "shard" && vm.count("shards")) throw ConfigError("--shards belongs to shard");
   if (command == "convert") {
     for (const char* name : {"max-train", "max-test"}) {
       const int64_t value = vm.count(name) ? vm[name].as<int64_t>() : 0;
@@ -219,13 +237,21 @@ int run(int argc, char** argv) {
     throw ConfigError("--max-train, --max-test, --layout, --num-classes, --size, "
                       "--test-fraction, --seed, --skip-bad-images and --rank-zero-writes belong "
                       "to convert");
+  if (command == "shard") {
+    if (!vm.count("shards")) throw ConfigError("shard needs --shards K");
+    return shard(args, shards);
+  }
   if (command == "inspect") {
     if (args.size() != 1) throw ConfigError("inspect takes one FILE.h5");
-    std::fputs(describe_dataset_file(args[0]).c_str(), stdout);
+    const bool shard_set = resolve_dataset_sources(args[0]).is_set();  // a pattern or an index
+    const std::string description =
+        shard_set ? describe_dataset_shards(args[0]) : describe_dataset_file(args[0]);
+    std::fputs(description.c_str(), stdout);
     return kExitOk;
   }
   if (command == "export") return export_weights(args);
-  throw ConfigError("unknown command '" + command + "' (expected convert, inspect or export)");
+  throw ConfigError("unknown command '" + command +
+                    "' (expected convert, inspect, shard or export)");
 }
 
 }  // namespace

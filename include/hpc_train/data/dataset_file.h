@@ -7,6 +7,8 @@
 //   /test/labels   int64  [M]
 //   attributes on the root group: num_classes, class_names, channels, height, width,
 //   mean and std (per channel, of the train images scaled to [0, 1]), source.
+// A dataset may also be several such files of one layout, its shards (dataset_shards.h): a
+// DatasetFile opened on a pattern or an index reads them as one dataset.
 #pragma once
 
 #include <mpi.h>
@@ -46,7 +48,15 @@ enum class FileAccess { kSerial, kMpiIo };
 // the loader thread), else kSerial.
 FileAccess preferred_file_access(bool mpi_thread_multiple);
 
-// A validated, read-only dataset file. Thread-safe: every HDF5 call of the data part goes
+// One file of an opened dataset and its samples (dataset_shards.h).
+struct DatasetShard {
+  std::string path;
+  int64_t train_size = 0;
+  int64_t test_size = 0;
+};
+
+// A validated, read-only dataset file, or a set of shards read as one (Note [Shard order]).
+// Thread-safe: every HDF5 call of the data part goes
 // through one lock, because HDF5 builds (parallel ones always) are not thread-safe.
 class DatasetFile {
  public:
@@ -56,6 +66,10 @@ class DatasetFile {
   // [0, num_classes) (they are read here, once, and kept: 8 bytes a sample). Throws DataError
   // naming the file and what is wrong (for a label: split, index and value).
   // With FileAccess::kMpiIo this is collective over `comm`.
+  // `path` may also name a set of shards, a glob pattern or an index (resolve_dataset_sources):
+  // then every shard is opened and validated so, once, and must have the first shard's layout
+  // (Note [Shard layout]) and the counts its index declares; a DataError names both files and
+  // the value that differs. info() is then the set's: summed sizes, the first shard's source.
   static DatasetFile open(const std::string& path, FileAccess access = FileAccess::kSerial,
                           MPI_Comm comm = MPI_COMM_NULL);
   ~DatasetFile();
@@ -64,8 +78,10 @@ class DatasetFile {
   DatasetFile(const DatasetFile&) = delete;
   DatasetFile& operator=(const DatasetFile&) = delete;
 
-  const std::string& path() const;
+  const std::string& path() const;  // as given to open(): a file, pattern or index
   const DatasetInfo& info() const;
+  // The files, in the order of their samples (Note [Shard order]); one for a dataset file.
+  const std::vector<DatasetShard>& shards() const;
 
   // Reads the samples at `indices` (any order, repeats allowed) of one split: images into
   // `images` (indices.size() * sample_bytes() bytes, in the order of `indices`) and labels into
@@ -90,9 +106,16 @@ struct DatasetContents {
   std::vector<int64_t> test_labels;
 };
 
-// Writes `contents` in the layout above (serial; truncates an existing file). Computes the
-// per-channel mean/std of the train images. Throws DataError for inconsistent sizes or labels.
-void write_dataset_file(const std::string& path, DatasetContents contents);
+// Where a written file's mean and std come from: its own train images, or contents.info as given
+// (a shard carries its whole set's statistics: Note [Shard layout]).
+enum class ChannelStatistics { kFromTrainImages, kAsGiven };
+
+// Writes `contents` in the layout above (serial; truncates an existing file), atomically.
+// Computes the per-channel mean/std of the train images unless told to keep those given (which
+// must then be one finite value per channel, std > 0). Throws DataError for inconsistent sizes,
+// labels or statistics.
+void write_dataset_file(const std::string& path, DatasetContents contents,
+                        ChannelStatistics statistics = ChannelStatistics::kFromTrainImages);
 
 // Whether write_dataset_file_collective works in this build: the HDF5 library is parallel.
 bool collective_dataset_writes_available();

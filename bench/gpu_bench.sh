@@ -13,22 +13,37 @@ steps=${BENCH_STEPS:-300}
 [ -f fm.h5 ] || "$build/hpc_train_data" convert fashion-mnist "$idx" fm.h5 > /dev/null
 [ -f cifar_synthetic.h5 ] || python3 "$here/make_synthetic_cifar.py" cifar_synthetic.h5 20000
 
-printf '%-34s %12s %12s %12s %12s %8s %7s %8s\n' case "hpc ms/step" "torch ms/step" "hpc samples/s" "torch samples/s" ratio "hpc MFU" replayed
+# PyTorch's three ways, each in its own process (bench/reference/train_reference.py --mode): eager;
+# the whole step in one CUDA graph; torch.compile(max-autotune), only with BENCH_COMPILE=1 (resnet18
+# compiles for minutes; its compile time goes to torch-NAME-compile.json, warmup_s). "vs best":
+# the best PyTorch ms/step over hpc_train's (> 1: hpc_train is faster).
+# BENCH_ONLY=REGEX runs only the cases whose names match (BENCH_MACHINERY=0 and BENCH_WHOLE_JOB=0
+# leave out the two other parts).
+compile=${BENCH_COMPILE:-0} only=${BENCH_ONLY:-}
+printf '%-34s %9s %9s %9s %9s %8s %8s %7s %8s\n' case "hpc ms" "eager ms" "graph ms" "compile ms" \
+  "vs eager" "vs best" "hpc MFU" replayed
 run_case() {  # NAME DATASET MODEL BATCH PRECISION [hpc_train options...]
-  local name=$1 data=$2 model=$3 batch=$4 precision=$5
+  local name=$1 data=$2 model=$3 batch=$4 precision=$5 mode modes=(eager graph)
   shift 5
+  if [ -n "$only" ] && ! [[ $name =~ $only ]]; then return 0; fi
   mpirun -np 1 "$build/hpc_train" --dataset "$data" --model "$model" --micro-batch "$batch" \
     --precision "$precision" --max-steps "$steps" --log-every "$steps" --run-dir "run-$name" \
     "$@" > "hpc-$name.log" 2>&1 || { echo "hpc_train failed: $name"; tail -5 "hpc-$name.log"; return 1; }
-  python3 "$here/reference/train_reference.py" --dataset "$data" --model "$model" \
-    --batch "$batch" --precision "$precision" --steps "$steps" > "torch-$name.json"
-  python3 - "$name" "run-$name/summary.json" "torch-$name.json" <<'PY'
-import json, sys
-name, ours, theirs = sys.argv[1], json.load(open(sys.argv[2])), json.loads(open(sys.argv[3]).read())
-print(f"{name:<34} {ours['ms_per_step']:12.3f} {theirs['ms_per_step']:12.3f} "
-      f"{ours['samples_per_s']:12.0f} {theirs['samples_per_s']:12.0f} "
-      f"{ours['samples_per_s'] / theirs['samples_per_s']:8.2f} {100 * ours.get('mfu', 0):6.1f}% "
-      f"{ours.get('graph_replays', 0):4d}/{ours['steps']}")
+  [ "$compile" = 1 ] && modes+=(compile)
+  for mode in "${modes[@]}"; do
+    python3 "$here/reference/train_reference.py" --dataset "$data" --model "$model" \
+      --batch "$batch" --precision "$precision" --steps "$steps" --mode "$mode" \
+      > "torch-$name-$mode.json" 2> "torch-$name-$mode.log" || rm -f "torch-$name-$mode.json"
+  done
+  python3 - "$name" "run-$name/summary.json" torch-"$name"-{eager,graph,compile}.json <<'PY'
+import json, os, sys
+name, ours = sys.argv[1], json.load(open(sys.argv[2]))
+theirs = [json.load(open(p))['ms_per_step'] if os.path.exists(p) else None for p in sys.argv[3:]]
+cell = lambda ms: f"{ms:9.3f}" if ms is not None else f"{'-':>9}"
+best = min(ms for ms in theirs if ms is not None)
+print(f"{name:<34} {ours['ms_per_step']:9.3f} {' '.join(cell(ms) for ms in theirs)} "
+      f"{theirs[0] / ours['ms_per_step']:8.2f} {best / ours['ms_per_step']:8.2f} "
+      f"{100 * ours.get('mfu', 0):6.1f}% {ours.get('graph_replays', 0):4d}/{ours['steps']}")
 PY
 }
 for p in fp32 fp16 bf16; do run_case "simple_cnn-b64-$p" fm.h5 simple_cnn 64 "$p"; done
@@ -69,8 +84,10 @@ print(f"machinery {name:<24} on {on1:.3f}/{on2:.3f} ms/step, off {off1:.3f}/{off
       f"costs {100 * (on / off - 1):+.1f}% (best of two each)")
 PY
 }
-machinery simple_cnn-b64-bf16 simple_cnn fm.h5 64
-machinery resnet18-b256-bf16 resnet18 cifar_synthetic.h5 256 --augment off
+if [ "${BENCH_MACHINERY:-1}" = 1 ]; then
+  machinery simple_cnn-b64-bf16 simple_cnn fm.h5 64
+  machinery resnet18-b256-bf16 resnet18 cifar_synthetic.h5 256 --augment off
+fi
 
 if [ "${BENCH_WHOLE_JOB:-1}" = 1 ]; then
   mpirun -np 1 "$build/hpc_train" --dataset fm.h5 --epochs 10 --run-dir run-whole \

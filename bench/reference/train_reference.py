@@ -6,6 +6,12 @@ that only the training step is timed.
 
     python3 train_reference.py --dataset fm.h5 --model simple_cnn --batch 64 --precision bf16
 Prints one JSON line: ms_per_step, samples_per_s (CUDA-event timing over --steps after --warmup).
+--mode picks PyTorch's way of running the step:
+  eager    the step as written;
+  graph    the whole step (forward, backward, capturable fused AdamW, for fp16 the scaler) captured
+           once in one CUDA graph and replayed, the batch's indices copied into a static buffer;
+  compile  the model through torch.compile(mode="max-autotune") (its CUDA graphs included), the
+           optimizer step after it; the compile time (the warm-up steps) is reported apart.
 With --epochs N it trains N epochs (shuffled, every sample once) instead and reports wall time
 and test accuracy, as hpc_train's whole job does.
 
@@ -46,6 +52,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager")
     args = parser.parse_args()
     distributed = "LOCAL_RANK" in os.environ  # started by torch.distributed.run
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -69,15 +76,19 @@ def main():
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index], gradient_as_bucket_view=True)
+    if args.mode != "eager" and (distributed or args.epochs > 0):
+        parser.error("--mode graph|compile times --steps on one GPU")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                                  weight_decay=0.01, fused=True)
+                                  weight_decay=0.01, fused=True,
+                                  capturable=args.mode == "graph")
+    forward = torch.compile(model, mode="max-autotune") if args.mode == "compile" else model
     dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
 
     def step(index):
         x = ((images[index].float() / 255.0 - mean) / std).contiguous(memory_format=torch.channels_last)
         with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), labels[index])
+            loss = F.cross_entropy(forward(x), labels[index])
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -107,9 +118,36 @@ def main():
     generator = torch.Generator(device=device).manual_seed(args.seed + rank)
     batches = [torch.randint(0, n, (args.batch,), device=device, generator=generator)
                for _ in range(args.warmup + args.steps)]
-    for i in range(args.warmup):
-        step(batches[i])
+    warmup_start = time.perf_counter()
+    if args.mode == "graph":
+        # PyTorch's whole-network capture: warm up on a side stream, then capture one step with
+        # the gradients unset, so that the graph's backward allocates and writes them each replay.
+        static_index = batches[0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(args.warmup):
+                step(batches[i])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            x = ((images[static_index].float() / 255.0 - mean) / std).contiguous(
+                memory_format=torch.channels_last)
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x), labels[static_index])
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+        def step(index):  # noqa: F811: the timed step is the replay
+            static_index.copy_(index)
+            graph.replay()
+    else:
+        for i in range(args.warmup):
+            step(batches[i])
     torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - warmup_start
     if distributed:
         torch.distributed.barrier()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -127,7 +165,8 @@ def main():
     if rank == 0:
         print(json.dumps({"framework": "pytorch-ddp" if distributed else "pytorch",
                           "model": args.model, "batch": args.batch, "world_size": world,
-                          "precision": args.precision, "ms_per_step": ms,
+                          "precision": args.precision, "mode": args.mode, "warmup_s": warmup_s,
+                          "ms_per_step": ms,
                           "samples_per_s": args.batch * world * 1e3 / ms}))
 
 

@@ -65,27 +65,27 @@ TEST(BucketLayout, PadsEachBucketToTheWorldSize) {
   const BucketLayout layout = make_bucket_layout(buckets, numels, 3);
   ASSERT_EQ(layout.spans.size(), 2u);
   EXPECT_EQ(layout.spans[0].numel, 7);
-  EXPECT_EQ(layout.spans[0].padded_numel, 9);
-  EXPECT_EQ(layout.spans[0].slice_numel, 3);
-  // The second bucket starts at the next slot boundary, and its second parameter at the one after
-  // its first: 5 elements at 16, 4 at 32, so 20 elements padded to 21.
-  EXPECT_EQ(layout.spans[1].offset, 16);
-  EXPECT_EQ(layout.slots[1].offset, 16);
-  EXPECT_EQ(layout.slots[2].offset, 32);
+  // Padded to a multiple of 3 x 16 (kSlotAlignmentElements): 48, so each rank's slice is 16.
+  EXPECT_EQ(layout.spans[0].padded_numel, 48);
+  EXPECT_EQ(layout.spans[0].slice_numel, 16);
+  // The second bucket's second parameter starts at the slot boundary after its first: 5 elements
+  // at 48, 4 at 64, so 20 elements padded to 48.
+  EXPECT_EQ(layout.spans[1].offset, 48);
+  EXPECT_EQ(layout.slots[1].offset, 48);
+  EXPECT_EQ(layout.slots[2].offset, 64);
   EXPECT_EQ(layout.spans[1].numel, 20);
-  EXPECT_EQ(layout.spans[1].padded_numel, 21);
-  EXPECT_EQ(layout.total_numel, 37);
-  EXPECT_EQ(layout.partition_numel, 10);  // 3 + 7: one third of each padded bucket
-  EXPECT_EQ(layout.spans[1].partition_offset, 3);
+  EXPECT_EQ(layout.spans[1].padded_numel, 48);
+  EXPECT_EQ(layout.total_numel, 96);
+  EXPECT_EQ(layout.partition_numel, 32);  // 16 + 16: 1/3 of the padded total
+  EXPECT_EQ(layout.spans[1].partition_offset, 16);
   for (int world = 1; world <= 5; ++world) {
     const BucketLayout l = make_bucket_layout(buckets, numels, world);
-    int64_t slices = 0;
-    for (const BucketLayout::Span& span : l.spans) {
-      EXPECT_EQ(span.padded_numel % world, 0);
-      EXPECT_LT(span.padded_numel - span.numel, world);
-      slices += span.slice_numel;
-    }
-    EXPECT_EQ(l.partition_numel, slices);
+    EXPECT_EQ(l.partition_numel * world, l.total_numel);
+    for (const BucketLayout::Span& span : l.spans)
+      EXPECT_LT(span.padded_numel - span.numel, world * kSlotAlignmentElements);
+    // In a world of one the partition is the flat buffer: each bucket's slice sits where it does.
+    if (world == 1)
+      for (const BucketLayout::Span& span : l.spans) EXPECT_EQ(span.partition_offset, span.offset);
   }
 }
 
@@ -97,8 +97,10 @@ TEST(BucketLayout, EveryParameterStartsOnASlotBoundary) {
         make_bucket_layout(assign_buckets(fp32(numels), 100, 4000), numels, world);
     for (const BucketLayout::Slot& slot : layout.slots)
       EXPECT_EQ(slot.offset % kSlotAlignmentElements, 0) << "world " << world;
-    for (const BucketLayout::Span& span : layout.spans)
+    for (const BucketLayout::Span& span : layout.spans) {
       EXPECT_EQ(span.offset % kSlotAlignmentElements, 0) << "world " << world;
+      EXPECT_EQ(span.slice_numel % kSlotAlignmentElements, 0) << "world " << world;
+    }
   }
 }
 

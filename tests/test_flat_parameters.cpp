@@ -30,12 +30,11 @@ TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
     parameters.push_back(item.value());
   }
   const torch::Tensor weight_before = layer->weight.detach().clone();
-  // Bias first, then weight, world size 3: bias 2 -> padded 3; weight 6 from element 16 (the
-  // next slot boundary) -> 6.
+  // Bias first, then weight, world size 3: bias 2 -> padded to 48 (3 x 16); weight 6 -> 48.
   hpc_train::FlatParameters flat(names, parameters, layout_of({{1}, {0}}, {6, 2}, 3));
   ASSERT_EQ(flat.numel(), 8);
-  ASSERT_EQ(flat.values().numel(), 22);
-  EXPECT_EQ(flat.layout().slots[0].offset, 16);
+  ASSERT_EQ(flat.values().numel(), 96);
+  EXPECT_EQ(flat.layout().slots[0].offset, 48);
   // Values moved, not changed; the module now reads the flat buffer.
   EXPECT_TRUE(torch::equal(layer->weight.detach(), weight_before));
   flat.values().narrow(0, 0, 2).fill_(5.0f);
@@ -43,10 +42,9 @@ TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
 
   const torch::Tensor x = torch::ones({4, 3});
   layer->forward(x).sum().backward();
-  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4; padding and the gap
-  // stay 0.
-  const torch::Tensor expected =
-      torch::cat({torch::full({2}, 4.f), torch::zeros({14}), torch::full({6}, 4.f)});
+  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4; padding stays 0.
+  const torch::Tensor expected = torch::cat({torch::full({2}, 4.f), torch::zeros({46}),
+                                             torch::full({6}, 4.f), torch::zeros({42})});
   EXPECT_TRUE(torch::equal(flat.grads(), expected));
   layer->forward(x).sum().backward();  // accumulates in place
   EXPECT_TRUE(torch::equal(flat.grads(), expected * 2));
@@ -61,7 +59,7 @@ TEST(FlatParameters, RelayoutKeepsTheLogicalValues) {
   const torch::Tensor logical = flat.to_logical(flat.values());
   EXPECT_TRUE(torch::equal(logical, torch::tensor({0.f, 1.f, 2.f, 3.f, 4.f, 10.f, 11.f, 12.f})));
   flat.relayout(layout_of({{0}, {1}}, {5, 3}, 4));
-  EXPECT_EQ(flat.values().numel(), 20);  // 5 -> 8; 3 from element 16 -> 4
+  EXPECT_EQ(flat.values().numel(), 128);  // 5 -> 64 (4 x 16), 3 -> 64
   EXPECT_TRUE(torch::equal(flat.to_logical(flat.values()), logical));
   EXPECT_TRUE(torch::equal(parameters[1].detach(), torch::tensor({10.f, 11.f, 12.f})));
   EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));

@@ -67,7 +67,7 @@ BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
   int64_t partition_offset = 0;
   for (const Bucket& bucket : buckets) {
     BucketLayout::Span span;
-    span.offset = align_up(offset);
+    span.offset = offset;
     int64_t end = span.offset;  // past the bucket's last parameter so far
     for (int index : bucket.parameters) {
       if (index < 0 || index >= static_cast<int>(parameter_numels.size()) || placed[index])
@@ -78,7 +78,9 @@ BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
       end = layout.slots[index].offset + parameter_numels[index];
     }
     span.numel = end - span.offset;
-    span.padded_numel = (span.numel + world_size - 1) / world_size * world_size;
+    // A multiple of W slot boundaries: the next bucket and every rank's slice start on one too.
+    const int64_t quantum = world_size * kSlotAlignmentElements;
+    span.padded_numel = (span.numel + quantum - 1) / quantum * quantum;
     span.slice_numel = span.padded_numel / world_size;
     span.partition_offset = partition_offset;
     offset = span.offset + span.padded_numel;

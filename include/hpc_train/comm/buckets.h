@@ -6,17 +6,20 @@
 //
 // Note [Bucket layout]
 // The flat parameter and gradient buffers (flat_parameters.h) are laid out bucket after bucket,
-// each bucket's parameters contiguous and the bucket padded with zeros to a multiple of the
-// world size W. A bucket of padded size P is split into W equal slices; rank r's ZeRO partition
-// is its slice of every bucket, concatenated. So a reduce-scatter or an all-gather of one bucket
-// is one equal-count collective (MPI_Ireduce_scatter_block, ncclReduceScatter), any parameter
-// count works at any world size, and padding costs less than W elements per bucket.
+// each bucket's parameters in order and the bucket padded with zeros to a multiple of
+// W x kSlotAlignmentElements, W the world size. A bucket of padded size P is split into W equal
+// slices; rank r's ZeRO partition is its slice of every bucket, concatenated. So a reduce-scatter
+// or an all-gather of one bucket is one equal-count collective (MPI_Ireduce_scatter_block,
+// ncclReduceScatter), any parameter count works at any world size, and in a world of one the
+// partition is the flat buffer itself (the reducer's in-place reduce-scatter relies on that).
 //
-// Every bucket and every parameter starts on a boundary of kSlotAlignmentElements elements (the
-// gaps are zeros, inside a bucket reduced and updated like padding): LibTorch allocates each tensor
-// of its own 512-byte aligned, and kernels that read parameters with vector loads rely on that.
-// cuDNN's NHWC batch norm ended the step with "misaligned address" on a scale vector that a
-// 10-element fc bias had pushed 8 bytes off a 16-byte boundary (one H200, fp32, 2026-12-04).
+// Every parameter, every bucket and every rank's slice starts on a boundary of
+// kSlotAlignmentElements elements (the gaps between parameters are zeros, reduced and updated like
+// the padding, and stay zero): LibTorch allocates each tensor of its own 512-byte aligned, and
+// kernels that read parameters with vector loads rely on that. cuDNN's NHWC batch norm ended the
+// step with "misaligned address" on a scale vector that a 10-element fc bias had pushed 8 bytes
+// off a 16-byte boundary (one H200, fp32, 2026-12-04). Padding and gaps cost less than
+// (W + parameters) x kSlotAlignmentElements elements.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +64,7 @@ struct BucketLayout {
   struct Span {
     int64_t offset = 0;           // first element of the bucket in the flat buffers
     int64_t numel = 0;            // its parameters' elements, alignment gaps between them included
-    int64_t padded_numel = 0;     // a multiple of world_size
+    int64_t padded_numel = 0;     // a multiple of world_size x kSlotAlignmentElements
     int64_t slice_numel = 0;      // padded_numel / world_size: one rank's share
     int64_t partition_offset = 0; // where this bucket's slice sits in a rank's partition
   };

@@ -26,13 +26,16 @@
 #include "hpc_train/runtime/placement.h"
 #include "hpc_train/runtime/run_dir.h"
 #include "hpc_train/runtime/runtime.h"
+#include "hpc_train/runtime/startup_phases.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/trainer.h"
 
 using namespace hpc_train;
 
 int main(int argc, char** argv) {
+  StartupPhases startup;  // Note [Start-up phases]
   Runtime runtime(&argc, &argv);
+  startup.end_phase("mpi");
   // Before anything slow: a preemption signal during start-up must not kill the process.
   install_stop_signal_handlers();
   return run_or_abort(runtime, [&] {
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
       for (const std::string& warning : warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     TrainConfig& config = command_line.config;
     config.run_dir = create_run_directory(runtime, config.run_dir);
+    startup.end_phase("config");
     const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
     set_compute_threads(threads);
     // Two phases: a rank whose probe fails must not leave the others waiting in
@@ -69,6 +73,7 @@ int main(int argc, char** argv) {
     Placement placement;
     run_agreed_phase(runtime,
                      [&] { placement = resolve_placement(config, runtime.world(), devices); });
+    startup.end_phase("placement");  // the CUDA context, where there is a GPU
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);
@@ -86,6 +91,7 @@ int main(int argc, char** argv) {
       validate_for_dataset(config, dataset->info(), config.dataset_path, runtime.world_size(),
                            physical_memory_bytes(), !placement.cuda);
     });
+    startup.end_phase("dataset");
 
     TrainerOutput output;
     output.run_dir = config.run_dir;
@@ -108,6 +114,11 @@ int main(int argc, char** argv) {
     run_agreed_phase(runtime, [&] {
       trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement);
     });
+    startup.end_phase("trainer");  // the model, the communicator (NCCL), resident data, optimizer
+    if (runtime.rank() == 0) {
+      std::printf("%s (rank 0)\n", startup.describe().c_str());
+      std::fflush(stdout);
+    }
 
     const TrainSummary summary = trainer->run();
     if (summary.stop_signal != 0) {
@@ -128,6 +139,7 @@ int main(int argc, char** argv) {
       record["threads_per_rank"] = threads;
       record["run_dir"] = config.run_dir;
       record["build"] = build_report_json(build);
+      record["startup"] = startup.to_json();
       write_file_atomically(config.run_dir + "/summary.json", record.dump(2) + "\n");
       std::printf("Finished: %d epoch(s), %lld steps in %.1f s, %.1f samples/s, %.2f ms/step; "
                   "test loss %.4f, test accuracy %.2f%%\nRun directory: %s\n",

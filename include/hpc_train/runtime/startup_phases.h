@@ -1,0 +1,44 @@
+// Where a run's start-up goes, phase by phase, before the first training step.
+//
+// Note [Start-up phases]
+// A short job pays its start-up in full: on one H200 the origin's job trained for 5.4 s inside a
+// 7.9 s process. main() marks the end of each phase on every rank; rank 0's figures are printed
+// before training ("Start-up: ...") and go into summary.json as "startup" ({"<phase>_s": seconds,
+// "total_s": ...}). The first phase, loading, is the time from the process's start (the kernel's
+// record in /proc/self/stat) to main(): the dynamic loader mapping LibTorch, CUDA and MPI. It is
+// left out where /proc does not say. The trainer's own first steps (cuDNN's first use, the graph
+// capture) are in its summary, not here.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hpc_train/monitor/metrics.h"  // Stopwatch
+
+namespace hpc_train {
+
+class StartupPhases {
+ public:
+  // The clock starts now: construct at main()'s first line.
+  StartupPhases();
+  // Ends the phase `name` (a word: "mpi", "dataset"), which began at the previous mark.
+  void end_phase(const std::string& name);
+  // "Start-up 2.61 s: loading 0.82 s, mpi 0.40 s, ..."
+  std::string describe() const;
+  // {"loading_s": 0.82, "mpi_s": 0.40, ..., "total_s": 2.61}
+  nlohmann::json to_json() const;
+
+ private:
+  std::vector<std::pair<std::string, double>> phases_s_;
+  Stopwatch since_main_;
+  double last_mark_s_ = 0.0;  // since main()
+};
+
+// Seconds since this process started (exec), from /proc/self/stat and /proc/uptime (10 ms
+// resolution); negative where they cannot be read.
+double seconds_since_process_start();
+
+}  // namespace hpc_train

@@ -18,31 +18,11 @@ set -euo pipefail
 tool=${HPC_TRAIN_DATA:?set HPC_TRAIN_DATA to the hpc_train_data executable}
 helper=${HPC_TRAIN_SOURCE_DIR:?set HPC_TRAIN_SOURCE_DIR to the source tree}/tests/support/image_folder.py
 mpiexec=${MPIEXEC:-mpirun}
-work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
-rm -rf "$work"
-mkdir -p "$work"
-cd "$work"
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-# expect_failure CODE TEXT COMMAND...: COMMAND exits with CODE, its stderr contains TEXT, and it
-# wrote no out.h5 (test_convert_sources.sh's helper).
-expect_failure() {
-  local code=$1 text=$2 status=0
-  shift 2
-  "$@" >stdout.txt 2>stderr.txt || status=$?
-  [[ $status == "$code" ]] || fail "$* exited with $status, expected $code: $(cat stderr.txt)"
-  grep -qF -- "$text" stderr.txt || fail "$*: stderr lacks '$text': $(cat stderr.txt)"
-  [[ ! -e out.h5 ]] || fail "$*: wrote out.h5 although it failed"
-  ! ls out.h5.partial-* >/dev/null 2>&1 || fail "$*: left a partial file"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
 if [[ ${HPC_TRAIN_IMAGE_DECODING:-ON} == OFF ]]; then
   mkdir -p tree/a tree/b
-  expect_failure 2 "lacks libjpeg/libpng" "$tool" convert imagefolder tree out.h5 --size 8 \
+  expect_refused 2 "lacks libjpeg/libpng" "$tool" convert imagefolder tree out.h5 --size 8 \
     --test-fraction 0.5
   echo "PASS (a build without libjpeg/libpng: convert imagefolder exits 2 saying so)"
   exit 0
@@ -95,11 +75,11 @@ cp -r split bad
 head -c 400 "$(ls bad/train/dog/*.jpg | head -1)" >bad/train/dog/truncated.jpg
 head -c 100 "$(ls bad/train/zebra_finch/*.png | head -1)" >bad/train/zebra_finch/truncated.png
 echo "not an image" >bad/val/cat/text.png
-expect_failure 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG: Premature end of JPEG file" \
+expect_refused 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG: Premature end of JPEG file" \
   "$tool" convert imagefolder bad out.h5 --size 16
-expect_failure 3 "bad/train/zebra_finch/truncated.png: corrupt or unsupported PNG" \
+expect_refused 3 "bad/train/zebra_finch/truncated.png: corrupt or unsupported PNG" \
   "${ranks3[@]}" "$tool" convert imagefolder bad out.h5 --size 16
-expect_failure 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG" \
+expect_refused 3 "bad/train/dog/truncated.jpg: corrupt or unsupported JPEG" \
   "${ranks3[@]}" "$tool" convert imagefolder bad out.h5 --size 16 --rank-zero-writes
 grep -qF -- "--skip-bad-images skips files that do not decode" stderr.txt || fail "no hint"
 "${ranks3[@]}" "$tool" convert imagefolder bad skipped.h5 --size 16 --skip-bad-images \
@@ -126,41 +106,41 @@ png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress
 for d in ("a", "b"):
     open(f"bomb/{d}/huge.png", "wb").write(png)
 PY
-expect_failure 3 "bomb/a/huge.png: a PNG of 20000x20000 pixels is over the limit of 268435456 pixels" \
+expect_refused 3 "bomb/a/huge.png: a PNG of 20000x20000 pixels is over the limit of 268435456 pixels" \
   "$tool" convert imagefolder bomb out.h5 --size 16 --test-fraction 0.5
 echo "bad images: exit 3 naming the file (1 and 3 ranks); --skip-bad-images skipped and counted 3; a 20000x20000 PNG refused"
 
 # --- refusals of the tree and of options, before anything is written
 mkdir -p empty_class/a empty_class/b && cp tree/cat/img_00.jpg empty_class/a/
-expect_failure 3 "empty_class/b: no .jpg, .jpeg or .png files (an empty class)" \
+expect_refused 3 "empty_class/b: no .jpg, .jpeg or .png files (an empty class)" \
   "$tool" convert imagefolder empty_class out.h5 --size 16 --test-fraction 0.5
 mkdir -p no_classes && touch no_classes/readme.txt
-expect_failure 3 "no_classes: no class folders" \
+expect_refused 3 "no_classes: no class folders" \
   "$tool" convert imagefolder no_classes out.h5 --size 16 --test-fraction 0.5
 mkdir -p one_class/a && cp tree/cat/img_00.jpg one_class/a/
-expect_failure 3 "one class folder ('a'); a classifier needs at least 2" \
+expect_refused 3 "one class folder ('a'); a classifier needs at least 2" \
   "$tool" convert imagefolder one_class out.h5 --size 16 --test-fraction 0.5
 cp -r split mismatched && mv mismatched/val/dog mismatched/val/wolf
-expect_failure 3 "class 'dog' is in mismatched/train but not in mismatched/val" \
+expect_refused 3 "class 'dog' is in mismatched/train but not in mismatched/val" \
   "${ranks3[@]}" "$tool" convert imagefolder mismatched out.h5 --size 16
 mkdir -p no_val && cp -r split/train no_val/
-expect_failure 3 "no_val: has train/ but no val/" "$tool" convert imagefolder no_val out.h5 --size 16
-expect_failure 3 "missing: no such directory" "$tool" convert imagefolder missing out.h5 --size 16
-expect_failure 3 "cannot write nowhere/out.h5: no such directory" \
+expect_refused 3 "no_val: has train/ but no val/" "$tool" convert imagefolder no_val out.h5 --size 16
+expect_refused 3 "missing: no such directory" "$tool" convert imagefolder missing out.h5 --size 16
+expect_refused 3 "cannot write nowhere/out.h5: no such directory" \
   "$tool" convert imagefolder split nowhere/out.h5 --size 16
 for size in 0x5 16x 4097 axb 16x16x16 ""; do
-  expect_failure 2 "--size '$size': expected HxW" "$tool" convert imagefolder split out.h5 --size "$size"
+  expect_refused 2 "--size '$size': expected HxW" "$tool" convert imagefolder split out.h5 --size "$size"
 done
-expect_failure 2 "convert imagefolder needs --size HxW" "$tool" convert imagefolder split out.h5
-expect_failure 2 "needs --test-fraction F" "$tool" convert imagefolder tree out.h5 --size 16
-expect_failure 2 "has train/ and val/, which are the splits" \
+expect_refused 2 "convert imagefolder needs --size HxW" "$tool" convert imagefolder split out.h5
+expect_refused 2 "needs --test-fraction F" "$tool" convert imagefolder tree out.h5 --size 16
+expect_refused 2 "has train/ and val/, which are the splits" \
   "${ranks3[@]}" "$tool" convert imagefolder split out.h5 --size 16 --test-fraction 0.2
-expect_failure 2 "--test-fraction must be in [0, 1), got 1" \
+expect_refused 2 "--test-fraction must be in [0, 1), got 1" \
   "$tool" convert imagefolder tree out.h5 --size 16 --test-fraction 1
-expect_failure 2 "--seed chooses the --test-fraction split" \
+expect_refused 2 "--seed chooses the --test-fraction split" \
   "$tool" convert imagefolder tree out.h5 --size 16 --seed 3
-expect_failure 2 "belong to convert imagefolder" "$tool" convert cifar10 split out.h5 --size 16
-expect_failure 2 "do not apply to convert imagefolder" \
+expect_refused 2 "belong to convert imagefolder" "$tool" convert cifar10 split out.h5 --size 16
+expect_refused 2 "do not apply to convert imagefolder" \
   "$tool" convert imagefolder split out.h5 --size 16 --max-train 3
 echo "refusals: 7 of the tree (exit 3), 13 of options (exit 2), nothing written"
 

@@ -11,13 +11,6 @@ python=${HPC_TRAIN_NUMPY_PYTHON:-python3}
 sources=${HPC_TRAIN_SOURCE_DIR:?set HPC_TRAIN_SOURCE_DIR to the source tree}/tests/support/source_datasets.py
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
-# expect_refused CODE TEXT COMMAND...: expect_failure, and out.h5 was not written.
-expect_refused() {
-  expect_failure "$@"
-  shift 2
-  [[ ! -e out.h5 ]] || fail "$*: wrote out.h5 although it failed"
-}
-
 "$python" -c "import numpy, h5py" ||
   fail "$python lacks numpy or h5py (apt-get install python3-numpy python3-h5py)"
 

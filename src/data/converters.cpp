@@ -305,32 +305,12 @@ std::string describe_dataset_file(const std::string& path) {
     if (attributes.has("format_version")) format_version = attributes.integer("format_version");
   }
 
-  auto per_channel = [](const std::vector<float>& values) {
-    std::string text;
-    char number[32];
-    for (size_t c = 0; c < values.size(); ++c) {
-      std::snprintf(number, sizeof(number), "%s%.4f", c ? ", " : "", values[c]);
-      text += number;
-    }
-    return text;
-  };
-  std::string classes;
-  for (size_t k = 0; k < info.class_names.size(); ++k)
-    classes += (k ? ", " : "") + std::to_string(k) + " " + info.class_names[k];
-
   std::string text;
   text += path + "\n";
   text += "  source:          " + info.source + "\n";
   text += "  format version:  " +
           (format_version ? std::to_string(format_version) : std::string("(not set)")) + "\n";
-  text += "  train:           " + std::to_string(info.train_size) + " samples\n";
-  text += "  test:            " + std::to_string(info.test_size) + " samples\n";
-  text += "  shape:           " + std::to_string(info.channels) + "x" +
-          std::to_string(info.height) + "x" + std::to_string(info.width) +
-          " (C x H x W), uint8\n";
-  text += "  classes:         " + std::to_string(info.num_classes) + ": " + classes + "\n";
-  text += "  mean:            " + per_channel(info.mean) + "\n";
-  text += "  std:             " + per_channel(info.std) + "\n";
+  text += describe_samples(info);
   text += "  chunks:          /train/images " + chunks + "\n";
   return text;
 }

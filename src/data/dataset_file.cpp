@@ -642,6 +642,31 @@ DatasetSources agreed_dataset_sources(const std::string& path, MPI_Comm comm) {
 
 const char* split_name(Split split) { return split == Split::kTrain ? "train" : "test"; }
 
+std::string describe_samples(const DatasetInfo& info) {
+  auto per_channel = [](const std::vector<float>& values) {
+    std::string text;
+    char number[32];
+    for (size_t c = 0; c < values.size(); ++c) {
+      std::snprintf(number, sizeof(number), "%s%.4f", c ? ", " : "", values[c]);
+      text += number;
+    }
+    return text;
+  };
+  std::string classes;
+  for (size_t k = 0; k < info.class_names.size(); ++k)
+    classes += (k ? ", " : "") + std::to_string(k) + " " + info.class_names[k];
+  std::string text;
+  text += "  train:           " + std::to_string(info.train_size) + " samples\n";
+  text += "  test:            " + std::to_string(info.test_size) + " samples\n";
+  text += "  shape:           " + std::to_string(info.channels) + "x" +
+          std::to_string(info.height) + "x" + std::to_string(info.width) +
+          " (C x H x W), uint8\n";
+  text += "  classes:         " + std::to_string(info.num_classes) + ": " + classes + "\n";
+  text += "  mean:            " + per_channel(info.mean) + "\n";
+  text += "  std:             " + per_channel(info.std) + "\n";
+  return text;
+}
+
 FileAccess preferred_file_access(bool mpi_thread_multiple) {
   // MPI-IO reads happen on the loader thread while the main thread communicates: that needs
   // MPI_THREAD_MULTIPLE. Without it (or with a serial HDF5) every rank opens the file alone.

@@ -125,16 +125,6 @@ class TemporaryFiles {
   std::vector<std::string> paths_;
 };
 
-std::string per_channel(const std::vector<float>& values) {
-  std::string text;
-  char number[32];
-  for (size_t c = 0; c < values.size(); ++c) {
-    std::snprintf(number, sizeof number, "%s%.4f", c ? ", " : "", static_cast<double>(values[c]));
-    text += number;
-  }
-  return text;
-}
-
 }  // namespace
 
 std::string DatasetSources::describe(size_t shard) const {
@@ -338,18 +328,8 @@ std::string describe_dataset_shards(const std::string& spec) {
   for (const DatasetShard& shard : dataset.shards())
     text += "  " + shard.path + ": " + std::to_string(shard.train_size) + " train, " +
             std::to_string(shard.test_size) + " test\n";
-  std::string classes;
-  for (size_t k = 0; k < info.class_names.size(); ++k)
-    classes += (k ? ", " : "") + std::to_string(k) + " " + info.class_names[k];
   text += "  source:          " + info.source + "\n";
-  text += "  train:           " + std::to_string(info.train_size) + " samples\n";
-  text += "  test:            " + std::to_string(info.test_size) + " samples\n";
-  text += "  shape:           " + std::to_string(info.channels) + "x" +
-          std::to_string(info.height) + "x" + std::to_string(info.width) +
-          " (C x H x W), uint8\n";
-  text += "  classes:         " + std::to_string(info.num_classes) + ": " + classes + "\n";
-  text += "  mean:            " + per_channel(info.mean) + "\n";
-  text += "  std:             " + per_channel(info.std) + "\n";
+  text += describe_samples(info);
   return text;
 }
 

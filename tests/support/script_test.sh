@@ -2,7 +2,7 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 # It makes the test's work directory afresh and enters it: $HPC_TRAIN_TEST_WORK, which CTest sets
 # (hpc_train_add_script_test), or a new temporary directory when the script is run by hand. Then
-# it defines fail, skip, expect_failure and python_with.
+# it defines fail, skip, expect_failure, expect_refused and python_with.
 
 work=${HPC_TRAIN_TEST_WORK:-$(mktemp -d)}
 rm -rf "$work"
@@ -30,6 +30,15 @@ expect_failure() {
   "$@" >stdout.txt 2>stderr.txt || status=$?
   [[ $status == "$code" ]] || fail "$* exited with $status, expected $code: $(cat stderr.txt)"
   grep -qF -- "$text" stderr.txt || fail "$*: stderr lacks '$text': $(cat stderr.txt)"
+}
+
+# expect_refused CODE TEXT COMMAND...: expect_failure, and the converter wrote neither out.h5 nor
+# a partial file (the converters' tests write to out.h5).
+expect_refused() {
+  expect_failure "$@"
+  shift 2
+  [[ ! -e out.h5 ]] || fail "$*: wrote out.h5 although it failed"
+  ! ls out.h5.partial-* >/dev/null 2>&1 || fail "$*: left a partial file"
 }
 
 # python_with MODULES: prints the first python3 on the PATH that imports MODULES ("a, b"), else

@@ -39,6 +39,9 @@ struct DatasetInfo {
   int64_t size(Split split) const { return split == Split::kTrain ? train_size : test_size; }
 };
 
+// inspect's lines for what a dataset holds, from "  train:" to "  std:" (one file or a set).
+std::string describe_samples(const DatasetInfo& info);
+
 // How a rank opens the file. kMpiIo uses the MPI-IO driver of a parallel HDF5 build (the open
 // and close are collective over the communicator given to open(); reads are independent);
 // kSerial is a plain read-only open, every rank on its own.

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "hpc_train/monitor/run_report.h"
 
@@ -92,4 +94,28 @@ TEST(FormatDuration, MinutesAndSecondsThenHours) {
 
 TEST(DescribeEta, NamesTheEpochAndTheRun) {
   EXPECT_EQ(describe_eta({12.0, 221.0}), "ETA epoch 0:12, run 3:41");
+}
+
+// The monitors' scalars of a log interval carry the GPU figures under their metrics.jsonl names
+// (every GPU run's second interval once crashed here, iterating a destroyed temporary).
+TEST(IntervalEvents, CarryTheGpuSpread) {
+  IntervalReport report;
+  report.loss = 0.5;
+  GpuSpread spread;
+  spread.utilization_pct = {41.0, 97.0};
+  spread.power_w = {250.0, 310.0};
+  spread.measured = true;
+  report.gpu = spread;
+  for (int interval = 0; interval < 3; ++interval) {
+    const std::vector<ScalarEvent> events = interval_events(report);
+    auto value_of = [&](const std::string& tag) {
+      for (const ScalarEvent& event : events)
+        if (event.tag == tag) return event.value;
+      return std::numeric_limits<double>::quiet_NaN();
+    };
+    EXPECT_EQ(value_of("Train/Samples/train_loss"), 0.5);
+    EXPECT_EQ(value_of("Train/Samples/gpu_util_pct_min"), 41.0);
+    EXPECT_EQ(value_of("Train/Samples/gpu_util_pct_max"), 97.0);
+    EXPECT_EQ(value_of("Train/Samples/gpu_power_w_max"), 310.0);
+  }
 }

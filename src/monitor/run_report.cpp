@@ -173,7 +173,10 @@ std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
   // The GPU figures under their metrics.jsonl names (min and max over the ranks); NVML's are
   // null when nothing was measured, and then left out.
   if (r.gpu) {
-    for (const auto& item : r.gpu->to_json().items()) {
+    // Named: items() refers into the object, and a temporary in a range-for's initialiser dies
+    // before the loop runs (every GPU run's second log interval crashed on that, one H200).
+    const nlohmann::json gpu = r.gpu->to_json();
+    for (const auto& item : gpu.items()) {
       if (item.value().is_number())
         events.push_back({prefix + item.key(), item.value().get<double>(), step});
     }

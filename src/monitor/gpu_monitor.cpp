@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "monitor/gpu_monitor_device.h"
 #include "hpc_train/comm/comm.h"
@@ -35,6 +37,43 @@ struct NvmlMemory {  // nvmlMemory_t
   unsigned long long free;
   unsigned long long used;
 };
+// nvmlDeviceGetSamples: the driver's own buffer of timestamped samples (nvmlSample_t), each value
+// covering the driver's sample period up to its timestamp (microseconds of the host's clock).
+constexpr int kNvmlGpuUtilizationSamples = 1;  // nvmlSamplingType_t NVML_GPU_UTILIZATION_SAMPLES
+union NvmlValue {                              // nvmlValue_t, read as its nvmlValueType_t says
+  double as_double;                            // 0
+  unsigned int as_uint;                        // 1
+  unsigned long as_ulong;                      // 2
+  unsigned long long as_ulonglong;             // 3
+  long long as_longlong;                       // 4
+  int as_int;                                  // 5
+  unsigned short as_ushort;                    // 6
+};
+struct NvmlSample {  // nvmlSample_t
+  unsigned long long time_stamp_us;
+  NvmlValue value;
+};
+static_assert(sizeof(NvmlSample) == 16, "nvmlSample_t is a timestamp and an 8-byte union");
+
+double value_of(const NvmlValue& value, int value_type) {
+  switch (value_type) {
+    case 0: return value.as_double;
+    case 1: return value.as_uint;
+    case 2: return static_cast<double>(value.as_ulong);
+    case 3: return static_cast<double>(value.as_ulonglong);
+    case 4: return static_cast<double>(value.as_longlong);
+    case 5: return value.as_int;
+    case 6: return value.as_ushort;
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+uint64_t host_time_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
 constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";  // comes with the driver
 
 constexpr double kBytesPerGB = 1e9;
@@ -50,6 +89,9 @@ class GpuMonitor::Impl {
     }
     if (!load_nvml()) return;
     if (!find_device(cuda_device)) return;
+    // Optional (older drivers lack it): without it the polled readings stand.
+    samples_ = reinterpret_cast<decltype(samples_)>(dlsym(library_, "nvmlDeviceGetSamples"));
+    interval_start_us_ = host_time_us();
     thread_ = std::thread([this] { run(); });
   }
 
@@ -74,6 +116,9 @@ class GpuMonitor::Impl {
 
   GpuSample take_interval() {
     if (!available()) return {};
+    const uint64_t now_us = host_time_us();
+    const double buffered_pct = utilization_from_samples(interval_start_us_, now_us);
+    interval_start_us_ = now_us;
     std::unique_lock<std::mutex> lock(mutex_);
     if (sum_.rounds == 0) {
       lock.unlock();
@@ -84,6 +129,7 @@ class GpuMonitor::Impl {
     GpuSample sample;
     sample.samples = sum_.rounds;
     sample.utilization_pct = sum_.utilization_reads > 0 ? sum_.utilization_pct / sum_.utilization_reads : 0.0;
+    if (!std::isnan(buffered_pct)) sample.utilization_pct = buffered_pct;
     sample.memory_used_bytes = sum_.memory_used_max_bytes;
     sample.power_w = sum_.power_reads > 0 ? sum_.power_w / sum_.power_reads : 0.0;
     sum_ = Sums{};
@@ -187,6 +233,43 @@ class GpuMonitor::Impl {
     }
   }
 
+  // Note [Utilisation over the interval]: the mean of the driver's utilisation samples whose
+  // periods end within (start_us, end_us], read from its sample buffer, rather than the polled
+  // nvmlDeviceGetUtilizationRates, whose one value covers the driver's last sample period and so
+  // can reach back before the interval. An interval that holds no sample end (one shorter than
+  // the driver's period) gets the newest sample, the one that covers its end. NaN where the
+  // buffer cannot be read: the polled mean stands.
+  double utilization_from_samples(uint64_t start_us, uint64_t end_us) {
+    if (!samples_) return std::numeric_limits<double>::quiet_NaN();
+    int value_type = 0;
+    unsigned int count = 0;
+    double interval_sum_pct = 0.0;
+    int64_t interval_samples = 0;
+    if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
+                 nullptr) == kNvmlSuccess &&
+        count > 0) {
+      std::vector<NvmlSample> buffer(count);
+      if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
+                   buffer.data()) == kNvmlSuccess) {
+        buffer.resize(std::min<size_t>(count, buffer.size()));
+        for (const NvmlSample& s : buffer) {
+          const double pct = value_of(s.value, value_type);
+          if (std::isnan(pct)) continue;
+          if (s.time_stamp_us > start_us && s.time_stamp_us <= end_us) {
+            interval_sum_pct += pct;
+            ++interval_samples;
+          }
+          if (s.time_stamp_us >= last_seen_us_) {
+            last_seen_us_ = s.time_stamp_us;
+            newest_pct_ = pct;
+          }
+        }
+      }
+    }
+    return interval_samples > 0 ? interval_sum_pct / static_cast<double>(interval_samples)
+                                : newest_pct_;
+  }
+
   void run() {
     const auto period = std::chrono::duration<double, std::milli>(interval_ms_);
     std::unique_lock<std::mutex> lock(mutex_);
@@ -209,7 +292,14 @@ class GpuMonitor::Impl {
   NvmlReturn (*utilization_rates_)(NvmlDevice, NvmlUtilization*) = nullptr;
   NvmlReturn (*memory_info_)(NvmlDevice, NvmlMemory*) = nullptr;
   NvmlReturn (*power_usage_)(NvmlDevice, unsigned int*) = nullptr;  // milliwatts
+  NvmlReturn (*samples_)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
+                         NvmlSample*) = nullptr;  // nvmlDeviceGetSamples, when the driver has it
   NvmlDevice device_ = nullptr;
+  // The sample buffer's reading, by take_interval's caller alone (no lock): Note [Utilisation
+  // over the interval]
+  uint64_t interval_start_us_ = 0;
+  unsigned long long last_seen_us_ = 0;
+  double newest_pct_ = std::numeric_limits<double>::quiet_NaN();
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;

@@ -29,7 +29,8 @@ constexpr double kDefaultGpuSampleIntervalMs = 200.0;
 
 // What NVML saw on one GPU over an interval.
 struct GpuSample {
-  double utilization_pct = 0.0;   // mean of NVML's "GPU busy" percentage
+  double utilization_pct = 0.0;   // NVML's "GPU busy" percentage over the interval (Note
+                                  // [Utilisation over the interval] in gpu_monitor.cpp)
   int64_t memory_used_bytes = 0;  // max; the whole device, every process on it
   double power_w = 0.0;           // mean board power
   int64_t samples = 0;            // 0: nothing was measured (no NVML, no GPU, a CPU rank)

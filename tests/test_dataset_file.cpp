@@ -26,6 +26,7 @@
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
+#include "file_accesses.h"
 #include "mpi_world.h"
 
 using namespace hpc_train;
@@ -35,24 +36,8 @@ namespace {
 
 using test_support::world_rank;
 using test_support::world_size;
-
-bool thread_multiple() {
-  int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
-  return level >= MPI_THREAD_MULTIPLE;
-}
-
-// Both accesses where this build has them: kMpiIo needs a parallel HDF5 and MPI_THREAD_MULTIPLE.
-std::vector<FileAccess> accesses() {
-  std::vector<FileAccess> all = {FileAccess::kSerial};
-  if (preferred_file_access(thread_multiple()) == FileAccess::kMpiIo)
-    all.push_back(FileAccess::kMpiIo);
-  return all;
-}
-
-const char* access_name(FileAccess access) {
-  return access == FileAccess::kMpiIo ? "MPI-IO" : "serial";
-}
+using ::test_support::access_name;
+using ::test_support::accesses;
 
 constexpr int64_t kTrain = 37, kTest = 5, kChannels = 2, kHeight = 3, kWidth = 5, kClasses = 4;
 constexpr int64_t kSampleBytes = kChannels * kHeight * kWidth;

@@ -20,6 +20,7 @@
 #include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
+#include "file_accesses.h"
 #include "mpi_world.h"
 #include "synthetic_dataset.h"
 
@@ -31,22 +32,9 @@ namespace {
 using ::test_support::world_rank;
 namespace test_world = ::test_support;
 
-bool thread_multiple() {
-  int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
-  return level >= MPI_THREAD_MULTIPLE;
-}
-
-std::vector<FileAccess> accesses() {
-  std::vector<FileAccess> all = {FileAccess::kSerial};
-  if (preferred_file_access(thread_multiple()) == FileAccess::kMpiIo)
-    all.push_back(FileAccess::kMpiIo);
-  return all;
-}
-
-const char* access_name(FileAccess access) {
-  return access == FileAccess::kMpiIo ? "MPI-IO" : "serial";
-}
+using ::test_support::access_name;
+using ::test_support::accesses;
+using ::test_support::thread_multiple;
 
 // `action` throws DataError (on every rank) whose message holds each of `parts`.
 void expect_data_error(const std::function<void()>& action, const std::vector<std::string>& parts) {

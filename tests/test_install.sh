@@ -8,18 +8,12 @@
 #    in, `conflict hpc_train`) are installed, the job scripts byte for byte and executable alike.
 set -euo pipefail
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-work=${HPC_TRAIN_TEST_WORK:?}
 build_dir=${HPC_TRAIN_BUILD_DIR:?set HPC_TRAIN_BUILD_DIR to the build directory}
 source_dir=${HPC_TRAIN_SOURCE_DIR:?}
 cmake=${HPC_TRAIN_CMAKE:-cmake}
 mpiexec=${MPIEXEC:?}
 dataset_dir=${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"  # $work, fail, skip
 
 prefix=$work/prefix
 "$cmake" --install "$build_dir" --prefix "$prefix" > install.log ||

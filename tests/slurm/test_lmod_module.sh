@@ -15,19 +15,13 @@
 # shellcheck disable=SC2030,SC2031  # each module check runs in a subshell of its own, on purpose
 set -euo pipefail
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-work=${HPC_TRAIN_TEST_WORK:?}
 build_dir=${HPC_TRAIN_BUILD_DIR:?set HPC_TRAIN_BUILD_DIR to the build directory}
 source_dir=${HPC_TRAIN_SOURCE_DIR:?}
 cmake=${HPC_TRAIN_CMAKE:-cmake}
 # The directories the build recorded for the installed modulefiles, colon-separated.
 recorded_bin_dirs=${HPC_TRAIN_MODULE_BIN_DIRS?}
 recorded_lib_dirs=${HPC_TRAIN_MODULE_LIB_DIRS?}
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/script_test.sh"  # $work, fail, skip
 
 lmod_init=""
 for f in ${LMOD_PKG:+"$LMOD_PKG/init/bash"} /usr/share/lmod/lmod/init/bash \
@@ -35,8 +29,7 @@ for f in ${LMOD_PKG:+"$LMOD_PKG/init/bash"} /usr/share/lmod/lmod/init/bash \
   [ -f "$f" ] && { lmod_init=$f; break; }
 done
 if [ -z "$lmod_init" ]; then
-  echo "Lmod is not installed (apt-get install lmod): skipped"
-  exit 77
+  skip "Lmod is not installed (apt-get install lmod)"
 fi
 
 prefix=$work/prefix

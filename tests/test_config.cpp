@@ -570,6 +570,10 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a number of MiB"},
       {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
       {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
+      {[](TrainConfig& c) { c.cuda_profiler_start_step = -1; },
+       "--cuda-profiler-start-step -1: must be 0 (never) or a step number"},
+      {[](TrainConfig& c) { c.cuda_profiler_steps = 0; }, "--cuda-profiler-steps 0: must be at "
+                                                          "least 1"},
       {[](TrainConfig& c) { c.deterministic = c.cudnn_benchmark = true; },
        "--cudnn-benchmark true: cannot be combined with --deterministic"},
   };

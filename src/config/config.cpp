@@ -153,6 +153,11 @@ const OptionSpec kOptions[] = {
      "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
     {"deterministic", "runtime", &TrainConfig::deterministic,
      "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
+    {"cuda-profiler-start-step", "runtime", &TrainConfig::cuda_profiler_start_step,
+     "GPU: start the CUDA profiler's capture at this step (ncu --profile-from-start off, nsys "
+     "--capture-range=cudaProfilerApi); 0 = never"},
+    {"cuda-profiler-steps", "runtime", &TrainConfig::cuda_profiler_steps,
+     "steps the CUDA profiler's capture lasts"},
     {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
      "steps between checkpoints; 0 = at epoch ends only"},
     {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
@@ -634,6 +639,10 @@ void validate(const TrainConfig& c) {
           c.init_weights_partial, "needs --init-weights FILE.safetensors");
   require(c.epochs >= 1, "epochs", c.epochs, "must be at least 1");
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be 0 (no limit) or more");
+  require(c.cuda_profiler_start_step >= 0, "cuda-profiler-start-step", c.cuda_profiler_start_step,
+          "must be 0 (never) or a step number (1 is the first)");
+  require(c.cuda_profiler_steps >= 1, "cuda-profiler-steps", c.cuda_profiler_steps,
+          "must be at least 1");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,
           "must be at least 1 (samples per rank per step)");
   require(std::isfinite(c.lr) && c.lr > 0, "lr", c.lr, "must be a finite number > 0, e.g. 0.001");

@@ -25,6 +25,7 @@
 #include "hpc_train/train/run_options.h"
 #include "hpc_train/monitor/run_report.h"
 #include "hpc_train/train/step_graph.h"
+#include "hpc_train/runtime/cuda_profiler.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/training_state.h"
 #include "hpc_train/optim/zero_optimizer.h"
@@ -374,6 +375,8 @@ struct Trainer::Impl {
     // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
+    CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
+                                     placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
@@ -408,6 +411,7 @@ struct Trainer::Impl {
         if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
         ++micro_step;
         const bool sync = ++micro_steps_since_update == config.grad_accum;
+        if (micro_steps_since_update == 1) profiler_range.step_begins(global_step + 1);
         // Captured steps need the final bucket layout, warmed-up libraries and full batches.
         const bool replayed = use_step_graph && sync && buckets_rebuilt &&
                               batch_size == config.micro_batch &&
@@ -428,6 +432,7 @@ struct Trainer::Impl {
         micro_steps_since_update = 0;
         ++global_step;
         ++times.steps;
+        profiler_range.step_ended(global_step);
         if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
         at = step_position(epoch, step_in_epoch, steps_per_epoch, global_step);

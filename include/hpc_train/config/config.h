@@ -80,6 +80,10 @@ struct TrainConfig {
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
   // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
   bool deterministic = false;
+  // --cuda-profiler-start-step N, --cuda-profiler-steps K: steps N .. N+K-1 run between
+  // cudaProfilerStart and cudaProfilerStop (cuda_profiler.h); 0 = never
+  int64_t cuda_profiler_start_step = 0;
+  int64_t cuda_profiler_steps = 1;
 
   // [checkpoint]
   int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only

@@ -41,8 +41,6 @@ constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
 // few (as torch.cuda.graphs asks for warm-up iterations).
 constexpr int64_t kEagerStepsBeforeCapture = 3;
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 }  // namespace
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
@@ -100,9 +98,16 @@ struct Trainer::Impl {
     const DatasetInfo& info = dataset.info();
     torch::manual_seed(config.seed);
     model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
-    if (!config.init_weights.empty()) load_init_weights();
+    // --init-weights on every rank, before the broadcast, which then only confirms what every
+    // rank read.
+    if (!config.init_weights.empty()) {
+      const WeightsMatch match = load_initial_weights(
+          config.init_weights, config.init_weights_partial, *model, config.model);
+      reporter.say("%s\n", describe_weights_loaded(match, config.init_weights).c_str());
+    }
     model->to(device, dtype);
-    check_model_runs_in_dtype(info);
+    check_runs_in(*model, {info.channels, info.height, info.width, info.num_classes}, device,
+                  dtype, to_string(config.precision), config.model);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
@@ -140,42 +145,6 @@ struct Trainer::Impl {
                         "backend and --grad-accum 1; use --cuda-graph auto or off");
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
-  }
-
-  // --init-weights, on every rank (initial_weights.h): before the broadcast, which then only
-  // confirms what every rank read.
-  void load_init_weights() {
-    const WeightsMatch match = load_initial_weights(
-        config.init_weights, config.init_weights_partial, *model, config.model);
-    const size_t model_tensors =
-        match.matched.size() + match.missing.size() + match.mismatched.size();
-    if (match.complete()) {
-      reporter.say("Initial weights: all %zu tensors from %s\n", model_tensors,
-                   config.init_weights.c_str());
-      return;
-    }
-    // Every tensor left is listed: what a fine-tuning run keeps of its own initialisation.
-    reporter.say("Initial weights: %zu of the model's %zu tensors from %s (partial); left: %s\n",
-                 match.matched.size(), model_tensors, config.init_weights.c_str(),
-                 describe_unmatched(match, SIZE_MAX).c_str());
-  }
-
-  // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution
-  // on the CPU): one tiny forward finds out before training, with a message that says what to
-  // do instead of a LibTorch backtrace from the first step.
-  void check_model_runs_in_dtype(const DatasetInfo& info) {
-    if (dtype == torch::kFloat) return;
-    torch::NoGradGuard no_grad;
-    model->eval();
-    try {
-      model->forward(torch::zeros({1, info.channels, info.height, info.width},
-                                  torch::TensorOptions().dtype(dtype).device(device)));
-    } catch (const c10::Error& e) {
-      throw ConfigError("--precision " + to_string(config.precision) + ": " + config.model +
-                        " cannot run in " + to_string(config.precision) + " here (" +
-                        first_line(e.what_without_backtrace()) +
-                        "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
-    }
   }
 
   // Returns the losses summed since the last call and starts a new sum (waits for the device).
@@ -558,15 +527,8 @@ MemoryBytes Trainer::memory() const { return impl_->memory(); }
 
 std::vector<std::pair<std::string, double>> Trainer::last_reducer_events() const {
   std::vector<std::pair<std::string, double>> events;
-  for (const ReducerEvent& e : impl_->reducer->events()) {
-    switch (e.kind) {
-      case ReducerEvent::Kind::kCollectiveStarted:
-        events.emplace_back("bucket " + std::to_string(e.bucket) + " started", e.time_ms);
-        break;
-      case ReducerEvent::Kind::kBackwardEnded: events.emplace_back("backward ended", e.time_ms); break;
-      case ReducerEvent::Kind::kAllDone: events.emplace_back("all done", e.time_ms); break;
-    }
-  }
+  for (const ReducerEvent& e : impl_->reducer->events())
+    events.emplace_back(e.describe(), e.time_ms);
   return events;
 }
 

@@ -1,7 +1,8 @@
 // The read-once sample store (sample_store.h): who sends what in an exchange (a pure function,
 // routed by hand here), and at 1, 2 and 3 ranks that the store's micro-batches are, byte for
 // byte, what the file gives for the same epoch plan (a file and its shards; a resumed epoch; a
-// partial last micro-batch), and that a share over its limit stops every rank.
+// partial last micro-batch), and that a share over its limit, or plans of unequal length, stop
+// every rank.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,14 +60,8 @@ class SampleStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = synthetic::make_test_directory("sample_store");
-    synthetic::SyntheticShape shape;
-    shape.train = 37;
-    shape.test = 5;
-    shape.channels = 2;
-    shape.height = 3;
-    shape.width = 5;
-    shape.classes = 4;
-    synthetic::write_synthetic_dataset(dir_ + "/whole.h5", shape, 7);
+    // 37 train samples of 2x3x5, 5 test samples, 4 classes.
+    synthetic::write_synthetic_dataset(dir_ + "/whole.h5", {37, 5, 2, 3, 5, 4}, 7);
     write_dataset_shards(dir_ + "/whole.h5", 3, dir_ + "/three");
   }
   void TearDown() override { synthetic::remove_directory(dir_); }
@@ -118,5 +113,18 @@ TEST_F(SampleStoreTest, AShareOverItsLimitStopsEveryRank) {
       EXPECT_NE(what.find("rank 0's share of the train split"), std::string::npos) << what;
       EXPECT_NE(what.find("more than its limit of 1 B"), std::string::npos) << what;
     }
+  }
+}
+
+// Plans of unequal length (kUneven, evaluation's tail) would leave a rank out of an exchange:
+// every rank refuses them alike instead of hanging.
+TEST_F(SampleStoreTest, RefusesPlansOfUnequalLength) {
+  Communicator comm(MPI_COMM_WORLD);
+  const DatasetFile file = DatasetFile::open(dir_ + "/whole.h5");
+  SampleStore store(file, comm, int64_t{1} << 30);
+  if (37 % world_size() == 0) {
+    EXPECT_EQ(store.start_epoch(5, 0, EpochTail::kUneven, 0).size(), 37u);
+  } else {
+    EXPECT_THROW(store.start_epoch(5, 0, EpochTail::kUneven, 0), Error);
   }
 }

@@ -20,10 +20,13 @@
 //
 // Note [Store exchange thread]: the exchange runs on the training thread, in
 // EpochBatches::prepare_next, through the Communicator (so the watchdog names it when a rank is
-// missing). A thread of its own would overlap it with the step, but needs MPI_THREAD_MULTIPLE
-// and a duplicated communicator, which the target MPI builds do not all grant; the exchange of
-// a micro-batch is a memory copy between ranks of one batch's bytes, small next to a step, and
-// summary.json reports what it costs (data_store.exchange_ms_per_step).
+// missing or late). prepare_next runs after the step before it is queued, so on a GPU the
+// exchange overlaps that step's kernels; on the CPU it does not. A thread of its own would
+// overlap it on the CPU too, but needs MPI_THREAD_MULTIPLE and a duplicated communicator, which
+// the target MPI builds do not all grant, and collectives on two threads would need an order of
+// their own; an exchange moves one micro-batch's bytes, small next to a step, and summary.json
+// reports what it costs (data_store.exchange_ms_per_step). It is also where ranks wait for each
+// other, so a rank's skew shows up in that time.
 #pragma once
 
 #include <cstdint>

@@ -18,8 +18,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 mkdir parts
 "$HPC_TRAIN_DATA" shard slice.h5 --shards 3 parts/slice > /dev/null
 
-# train NP NAME [options...]: one run over $dataset (slice.h5 unless set), its output in NAME.out, its weights in
-# NAME.safetensors, its sample trace in NAME.trace.<rank>.
+# train NP NAME [options...]: one run over $dataset (slice.h5 unless set), its output in
+# NAME.out, its weights in NAME.safetensors, its sample trace in NAME.trace.<rank>.
 common=(--epochs 2 --micro-batch 7 --grad-accum 2 --lr 0.002 --progress lines --log-every 2
         --checkpoint-epochs off)
 dataset=slice.h5
@@ -27,7 +27,8 @@ train() {
   local np=$1 name=$2
   shift 2
   HPC_TRAIN_TEST_SAMPLE_TRACE="$PWD/$name.trace" timeout 300 "$MPIEXEC" -np "$np" --oversubscribe \
-    "$HPC_TRAIN" "${common[@]}" --dataset "$dataset" --run-dir "$name" --export-weights "$name.safetensors" "$@" \
+    "$HPC_TRAIN" "${common[@]}" --dataset "$dataset" --run-dir "$name" \
+    --export-weights "$name.safetensors" "$@" \
     > "$name.out" 2>&1 || { cat "$name.out"; fail "run $name failed"; }
 }
 # same NP A B: bitwise equal weights, the same losses (every record's "loss" in metrics.jsonl)

@@ -73,8 +73,8 @@ int64_t default_store_limit_bytes(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
   int ranks_on_node = 1;
-  MPI_Comm_size(node, &ranks_on_node);
-  MPI_Comm_free(&node);
+  MPI_CHECK(MPI_Comm_size(node, &ranks_on_node));
+  MPI_CHECK(MPI_Comm_free(&node));
   const int64_t available = mem_available_bytes();
   return (available >= 0 ? available : physical_memory_bytes()) / std::max(1, ranks_on_node);
 }
@@ -91,7 +91,8 @@ SampleStore::SampleStore(const DatasetFile& dataset, Communicator& comm, int64_t
       static_cast<double>(share.count) * static_cast<double>(sample_bytes_ + sizeof(int64_t));
   const bool over = share_bytes > static_cast<double>(limit_bytes);
   // Agreed first, so that no rank reads (or waits in an exchange) while another refuses.
-  const int64_t ranks_over = comm_.all_reduce_count(over ? 1 : 0, ReduceOp::kSum, "data store limit");
+  const int64_t ranks_over =
+      comm_.all_reduce_count(over ? 1 : 0, ReduceOp::kSum, "data store limit");
   if (over)
     throw ConfigError("--data-store memory: rank " + std::to_string(rank_) + "'s share of the "
                       "train split of " + dataset.path() + " (" + std::to_string(share.count) +
@@ -144,9 +145,10 @@ void SampleStore::exchange(int64_t batch, int64_t batch_size, HostBatch& out) {
   // One record a sample: its image bytes, then its label.
   const int64_t record_bytes = sample_bytes_ + static_cast<int64_t>(sizeof(int64_t));
   send_records_.resize(plan.send_offsets.size() * static_cast<size_t>(record_bytes));
+  const size_t image_bytes = static_cast<size_t>(sample_bytes_);
   uint8_t* record = send_records_.data();
   for (int64_t offset : plan.send_offsets) {
-    std::memcpy(record, images_.data() + offset * sample_bytes_, static_cast<size_t>(sample_bytes_));
+    std::memcpy(record, images_.data() + offset * sample_bytes_, image_bytes);
     std::memcpy(record + sample_bytes_, &labels_[static_cast<size_t>(offset)], sizeof(int64_t));
     record += record_bytes;
   }
@@ -163,7 +165,7 @@ void SampleStore::exchange(int64_t batch, int64_t batch_size, HostBatch& out) {
   out.labels.resize(static_cast<size_t>(size));
   record = recv_records_.data();
   for (int64_t slot : plan.recv_slots) {
-    std::memcpy(out.images.data() + slot * sample_bytes_, record, static_cast<size_t>(sample_bytes_));
+    std::memcpy(out.images.data() + slot * sample_bytes_, record, image_bytes);
     std::memcpy(&out.labels[static_cast<size_t>(slot)], record + sample_bytes_, sizeof(int64_t));
     record += record_bytes;
   }

@@ -13,6 +13,7 @@
 #include "hpc_train/data/device_input.h"
 #include "hpc_train/data/epoch_batches.h"
 #include "hpc_train/data/epoch_plan.h"
+#include "hpc_train/data/sample_store.h"
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
 #include "hpc_train/model/flat_parameters.h"
@@ -26,6 +27,7 @@
 #include "hpc_train/monitor/run_report.h"
 #include "hpc_train/train/step_graph.h"
 #include "hpc_train/runtime/cuda_profiler.h"
+#include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/training_state.h"
 #include "hpc_train/optim/zero_optimizer.h"
@@ -69,6 +71,7 @@ struct Trainer::Impl {
   std::optional<RunCheckpoints> checkpoints;
   std::optional<DeviceInput> train_input;
   std::optional<Evaluator> evaluator;
+  std::optional<SampleStore> store;  // --data-store memory (sample_store.h)
   bool train_split_resident = false;
   torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
   bool channels_last = false;        // inputs in NHWC (cuDNN's fast layout on tensor cores)
@@ -128,9 +131,11 @@ struct Trainer::Impl {
                         config.seed, comm.rank(), config.micro_batch);
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       config.prefetch_batches, comm);
+    if (config.data_store == DataStore::kMemory) open_store();
+    // Note [Store and resident data] (config.cpp): with a store, auto keeps nothing resident.
     const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
     train_split_resident = config.resident_data == Switch::kOn ||
-                           (config.resident_data == Switch::kAuto && placement.cuda &&
+                           (config.resident_data == Switch::kAuto && placement.cuda && !store &&
                             resident_bytes <= kAutoResidentBytes);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     if (placement.cuda) {
@@ -309,6 +314,31 @@ struct Trainer::Impl {
             config.grad_accum};
   }
 
+  // Reads this rank's share of the train split (Note [Read-once sample store]).
+  void open_store() {
+    Stopwatch read;
+    store.emplace(dataset, comm,
+                  config.data_store_limit_mb > 0 ? config.data_store_limit_mb << 20
+                                                 : default_store_limit_bytes(comm.mpi_comm()));
+    reporter.say("Data store: rank 0 read train samples [%lld, %lld) into memory, %s, in %.2f s\n",
+                 static_cast<long long>(store->owned().begin),
+                 static_cast<long long>(store->owned().begin + store->owned().count),
+                 memory_text(static_cast<double>(store->read_bytes())).c_str(),
+                 read.elapsed_ms() / 1e3);
+  }
+
+  // What the store did over `steps` optimizer steps of this run: every rank's bytes read, and
+  // the slowest rank's exchange time per step. Collective.
+  void report_store(TrainSummary& summary, int64_t steps) {
+    summary.data_store_read_bytes_per_rank =
+        comm.gather_count(store->read_bytes(), 0, "data store read bytes");
+    summary.data_store_exchange_ms_per_step =
+        comm.all_reduce_scalar(store->exchange_ms(), ReduceOp::kMax, "data store exchange ms") /
+        static_cast<double>(std::max<int64_t>(1, steps));
+    reporter.say("Data store: exchanges took %.3f ms per step (the slowest rank's mean)\n",
+                 summary.data_store_exchange_ms_per_step);
+  }
+
   TrainSummary run() {
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
@@ -332,6 +362,7 @@ struct Trainer::Impl {
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     summary.resumed_from = resumed_from;
+    summary.data_store = to_string(config.data_store);
     reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
                         comm.size(), summary.placement, info.train_size, steps_per_epoch,
                         config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
@@ -359,10 +390,13 @@ struct Trainer::Impl {
       // the augmentation draws, which follow a batch's place in the epoch).
       const int64_t consumed_micro_steps = first_position / global_micro_batch;
       EpochBatches batches(*train_input, dataset,
-                           rank_epoch_indices(config.seed, epoch, info.train_size, comm.size(),
-                                              comm.rank(), tail, /*shuffle=*/true, first_position),
+                           store ? store->start_epoch(config.seed, epoch, tail, first_position)
+                                 : rank_epoch_indices(config.seed, epoch, info.train_size,
+                                                      comm.size(), comm.rank(), tail,
+                                                      /*shuffle=*/true, first_position),
                            config.micro_batch, config.prefetch_batches, epoch,
-                           consumed_micro_steps, train_split_resident);
+                           consumed_micro_steps, train_split_resident,
+                           store ? &*store : nullptr);
       const int64_t epoch_end_micro_steps = consumed_micro_steps + batches.batches();
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
@@ -485,6 +519,7 @@ struct Trainer::Impl {
       summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;
       summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
     }
+    if (store) report_store(summary, global_step - start.global_step);
     if (placement.cuda) {
       summary.peak_allocated_bytes_per_rank =
           comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");

@@ -870,6 +870,14 @@ TEST_F(ZeroOnDevice, OverflowAtTheMinimumScaleSetsTheErrorFlag) {
   EXPECT_EQ(report.scaler.skipped_steps, 2) << "the failing update leaves the scaler as it was";
   EXPECT_EQ(report.global_step, 3);
   EXPECT_EQ(report.adam_steps, 0);
+  // The policy's read ends the run, with the host scaler's message.
+  try {
+    model.optimizer->report();
+    ADD_FAILURE() << "report() after the device scaler failed did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16 loss scale is already at its minimum (2)"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {

@@ -5,6 +5,8 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "hpc_train/comm/comm.h"
+#include "hpc_train/model/models.h"
 #include "hpc_train/runtime/stop_signal.h"
 
 namespace hpc_train {
@@ -294,6 +296,26 @@ void RunReporter::epoch(const EpochReport& r) {
       r.at.epoch + 1, r.at.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s,
       r.train_loss, r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
       static_cast<long long>(r.test.samples));
+}
+
+void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm) {
+  if (throughput.steps() == 0 || throughput.ms() <= 0) return;  // the same on every rank
+  const double slowest_ms = comm.all_reduce_scalar(throughput.ms(), ReduceOp::kMax);
+  summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;
+  summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
+}
+
+void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision,
+                     std::optional<double> forward_flops, Communicator& comm) {
+  summary.peak_allocated_bytes_per_rank =
+      comm.gather_count(allocator_peak_bytes(cuda_device), 0, "peak allocated bytes");
+  if (!forward_flops) return;
+  // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
+  const double peak = peak_flops_per_s(cuda_device_name(cuda_device), precision,
+                                       /*fp32_as_tf32=*/true);
+  summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;
+  summary.mfu = model_flops_utilization(summary.training_flops_per_sample, summary.samples_per_s,
+                                        comm.size(), peak);
 }
 
 }  // namespace hpc_train

@@ -27,6 +27,15 @@ std::string format_scale(double scale) {
 
 }  // namespace
 
+std::string loss_scale_exhausted(double min_scale, int64_t step, int64_t skipped_steps) {
+  return "fp16 loss scale is already at its minimum (" + format_scale(min_scale) +
+         ") and the gradients still overflow: optimizer step " + std::to_string(step) +
+         " overflowed again (" + std::to_string(skipped_steps) +
+         " step(s) skipped so far), so the loss or the gradients are inf/nan even barely "
+         "scaled. What to try: --precision bf16 (fp32's range, no loss scale), a lower --lr, "
+         "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it diverges";
+}
+
 LossScaler::LossScaler(const LossScalerOptions& options)
     : options_(options),
       scale_(options.fixed_scale > 0 ? options.fixed_scale
@@ -68,13 +77,7 @@ bool LossScaler::update(bool overflow) {
   if (overflow) {
     if (hysteresis_left_ <= 1) {
       if (scale_ == options_.min_scale) {
-        throw Error(
-            "fp16 loss scale is already at its minimum (" + format_scale(scale_) +
-            ") and the gradients still overflow: optimizer step " + std::to_string(steps_) +
-            " overflowed again (" + std::to_string(skipped_steps_ + 1) +
-            " step(s) skipped so far), so the loss or the gradients are inf/nan even barely "
-            "scaled. What to try: --precision bf16 (fp32's range, no loss scale), a lower --lr, "
-            "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it diverges");
+        throw Error(loss_scale_exhausted(scale_, steps_, skipped_steps_ + 1));
       }
       scale_ = std::max(scale_ / 2, options_.min_scale);
       // hysteresis_left_ stays at 1: until a whole window passes cleanly, every further

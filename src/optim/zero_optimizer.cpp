@@ -85,7 +85,15 @@ void ZeroOptimizer::step() {
 }
 
 StepReport ZeroOptimizer::report() const {
-  if (on_device()) return read_device_report();
+  if (on_device()) {
+    // The device scaler cannot throw where the overflow happens (inside a queued or captured
+    // step): the run ends at this read, as the host scaler ends it at once.
+    const StepReport report = read_device_report();
+    if (report.scaler_failed)
+      throw Error(loss_scale_exhausted(options_.loss_scaling->min_scale, report.global_step,
+                                       report.skipped_steps));
+    return report;
+  }
   StepReport report;
   report.global_step = host_global_step_;
   report.adam_steps = steps_;

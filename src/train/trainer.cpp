@@ -189,7 +189,7 @@ struct Trainer::Impl {
   }
 
   // The optimizer step after a synchronised micro-step. On a GPU overflows and the loss scale
-  // stay there; log_interval reads them (optimizer_report).
+  // stay there; log_interval reads them (ZeroOptimizer::report).
   void optimizer_step(IntervalTimes& times) {
     Stopwatch phase;
     optimizer->step();
@@ -258,7 +258,7 @@ struct Trainer::Impl {
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
   double log_interval(const StepPosition& at, IntervalTimes& times) {
-    const StepReport report = optimizer_report();
+    const StepReport report = optimizer->report();
     const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
     const double loss = comm.all_reduce_scalar(times.loss_sum) /
                         (comm.size() * steps * config.grad_accum);
@@ -285,20 +285,6 @@ struct Trainer::Impl {
     return loss;
   }
 
-  // The optimizer's report (a read of the GPU: at log intervals, checkpoints and the end). Ends
-  // the run when the device scaler met an overflow at its minimum scale, as the host scaler
-  // does at once (LossScaler::update).
-  StepReport optimizer_report() {
-    const StepReport report = optimizer->report();
-    if (report.scaler_failed)
-      throw Error("fp16 loss scale reached its minimum (" + std::to_string(config.min_loss_scale) +
-                  ") and the gradients still overflow (" + std::to_string(report.skipped_steps) +
-                  " step(s) skipped so far). What to try: --precision bf16, a lower --lr, "
-                  "gradient clipping (--clip-grad 1.0), or --precision fp32 to see where it "
-                  "diverges");
-    return report;
-  }
-
   // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
   int agreed_stop_signal() {
     const int local = stop_signal_received();
@@ -310,7 +296,7 @@ struct Trainer::Impl {
   TrainingPosition position(int64_t global_step, int64_t micro_step, int64_t epoch,
                             int64_t micro_steps_in_epoch, int64_t samples_in_epoch) {
     return {global_step,      micro_step,         epoch, micro_steps_in_epoch,
-            optimizer_report().skipped_steps, samples_in_epoch, config.micro_batch,
+            optimizer->report().skipped_steps, samples_in_epoch, config.micro_batch,
             config.grad_accum};
   }
 
@@ -484,7 +470,7 @@ struct Trainer::Impl {
       ended.complete = epoch_micro_steps == epoch_end_micro_steps;
       if (ended.complete) ++summary.epochs_completed;
       summary.test = evaluator->evaluate(*model);
-      const StepReport report = optimizer_report();
+      const StepReport report = optimizer->report();
       ended.train_loss = summary.final_train_loss;
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
@@ -507,32 +493,17 @@ struct Trainer::Impl {
       reporter.say("Weights exported to %s\n", config.export_weights.c_str());
     }
     summary.steps = global_step;
-    const StepReport report = optimizer_report();
+    const StepReport report = optimizer->report();
     summary.skipped_steps = report.skipped_steps;
     summary.loss_scale = report.loss_scale;
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
-    if (throughput.steps() > 0 && throughput.ms() > 0) {
-      // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.
-      const double slowest_ms = comm.all_reduce_scalar(throughput.ms(), ReduceOp::kMax);
-      summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;
-      summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
-    }
+    add_throughput(summary, throughput, comm);
     if (store) report_store(summary, global_step - start.global_step);
-    if (placement.cuda) {
-      summary.peak_allocated_bytes_per_rank =
-          comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");
-      // LibTorch lets cuDNN convolve fp32 in TF32 by default, and convolutions dominate.
-      const double peak = peak_flops_per_s(cuda_device_name(placement.cuda_device),
-                                           config.precision, /*fp32_as_tf32=*/true);
-      // A TorchScript module's FLOPs are not counted: its MFU stays 0, "unknown" (run() said so).
-      if (const std::optional<double> forward_flops = model->forward_flops_per_sample()) {
-        summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;
-        summary.mfu = model_flops_utilization(summary.training_flops_per_sample,
-                                              summary.samples_per_s, comm.size(), peak);
-      }
-    }
+    if (placement.cuda)
+      add_gpu_figures(summary, placement.cuda_device, config.precision,
+                      model->forward_flops_per_sample(), comm);
     return summary;
   }
 };

@@ -318,4 +318,15 @@ class ThroughputClock {
   Stopwatch step_wall_;
 };
 
+// The run's samples/s (every rank's timed samples over the slowest rank's time: it sets the
+// pace) and ms/step into `summary`; left 0 when no step was timed. Collective.
+void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm);
+
+// A GPU run's figures into `summary`: every rank's allocator peak (gathered to rank 0), and the
+// training FLOPs per sample and MFU where the model's forward FLOPs are known
+// (`forward_flops`; a TorchScript module's are not: its mfu stays 0, "unknown"). After
+// add_throughput. Collective.
+void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision,
+                     std::optional<double> forward_flops, Communicator& comm);
+
 }  // namespace hpc_train

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace hpc_train {
 
@@ -30,6 +31,11 @@ struct LossScalerState {
   int64_t last_overflow_step = -1;
   int64_t skipped_steps = 0;
 };
+
+// The error of a dynamic scale that overflowed at `min_scale` (at optimizer step `step`, with
+// `skipped_steps` skipped so far, that one included): what to try instead. The host scaler
+// (update) and the device one (ZeroOptimizer::report) stop the run with it.
+std::string loss_scale_exhausted(double min_scale, int64_t step, int64_t skipped_steps);
 
 class LossScaler {
  public:

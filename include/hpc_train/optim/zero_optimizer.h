@@ -102,7 +102,8 @@ class ZeroOptimizer {
   // scaler learns of an overflow at once (and throws Error at its minimum scale, as
   // LossScaler::update). Collective.
   void step();
-  // The counters, the last step and the scaler. GPU: waits for the current stream.
+  // The counters, the last step and the scaler. GPU: waits for the current stream, and throws
+  // Error (loss_scale_exhausted) when the device scaler overflowed at its minimum scale.
   StepReport report() const;
   // For a resume, after load_full_state: the counters and the scaler continue from these.
   void resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);

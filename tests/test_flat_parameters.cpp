@@ -64,3 +64,54 @@ TEST(FlatParameters, RelayoutKeepsTheLogicalValues) {
   EXPECT_TRUE(torch::equal(parameters[1].detach(), torch::tensor({10.f, 11.f, 12.f})));
   EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));
 }
+
+// Note [Channels-last weights]: a convolution's weight is stored [O, kH, kW, I] and seen
+// channels-last, its gradient too; values, gradients and the logical layout are the same as
+// with contiguous storage (the convolution of a copy of the module, stored as LibTorch made it).
+TEST(FlatParameters, ChannelsLastWeightsKeepValuesGradientsAndLogicalOrder) {
+  torch::manual_seed(2);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 4, 3).padding(1));  // weight [4,3,3,3]
+  torch::nn::Conv2d reference(torch::nn::Conv2dOptions(3, 4, 3).padding(1));
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(conv->weight);
+    reference->bias.copy_(conv->bias);
+  }
+  std::vector<std::string> names;
+  std::vector<at::Tensor> parameters;
+  for (const auto& item : conv->named_parameters()) {
+    names.push_back(item.key());
+    parameters.push_back(item.value());
+  }
+  const torch::Tensor logical_before =
+      torch::cat({conv->weight.detach().reshape({-1}), conv->bias.detach()});
+  hpc_train::FlatParameters flat(names, parameters, layout_of({{1, 0}}, {108, 4}, 2),
+                                 /*channels_last_weights=*/true);
+  EXPECT_TRUE(conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(conv->weight.is_contiguous());
+  EXPECT_TRUE(conv->bias.is_contiguous());  // not 4-D: as before
+  EXPECT_TRUE(torch::equal(conv->weight.detach(), reference->weight.detach()));
+  EXPECT_EQ(conv->weight.grad().strides(), conv->weight.strides());
+  // The slot holds [O, kH, kW, I]: element (o=1, i=2, h=0, w=1) sits at 1*27 + 0*9 + 1*3 + 2.
+  const int64_t weight_offset = flat.layout().slots[0].offset;
+  EXPECT_EQ(flat.values()[weight_offset + 27 + 3 + 2].item<float>(),
+            reference->weight[1][2][0][1].item<float>());
+  const torch::Tensor logical = flat.to_logical(flat.values());
+  EXPECT_TRUE(torch::equal(logical, logical_before));
+  EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));
+
+  const torch::Tensor x = torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  for (int pass = 0; pass < 2; ++pass) {  // the second accumulates in place
+    conv->forward(x).square().sum().backward();
+    reference->forward(x).square().sum().backward();
+  }
+  EXPECT_TRUE(torch::allclose(conv->weight.grad(), reference->weight.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(conv->bias.grad(), reference->bias.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(flat.to_logical(flat.grads()),
+                              torch::cat({reference->weight.grad().reshape({-1}),
+                                          reference->bias.grad()}),
+                              1e-5, 1e-5));
+  flat.relayout(layout_of({{0}, {1}}, {108, 4}, 3));  // the logical order survives a re-layout
+  EXPECT_TRUE(torch::equal(flat.to_logical(flat.values()), logical_before));
+  EXPECT_TRUE(conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+}

@@ -154,7 +154,7 @@ const OptionSpec kOptions[] = {
     {"cuda-graph", "runtime", &TrainConfig::cuda_graph,
      "replay each GPU step as one CUDA graph: off, auto (fall back to eager) or on"},
     {"channels-last", "runtime", &TrainConfig::channels_last,
-     "GPU: feed convolutions NHWC (channels-last) tensors"},
+     "GPU: convolution inputs and weights NHWC (channels-last)"},
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
      "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
     {"deterministic", "runtime", &TrainConfig::deterministic,

@@ -7,7 +7,7 @@
 namespace hpc_train {
 
 FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::Tensor> parameters,
-                               BucketLayout layout)
+                               BucketLayout layout, bool channels_last_weights)
     : names_(std::move(names)), parameters_(std::move(parameters)), layout_(std::move(layout)) {
   if (names_.size() != parameters_.size() || parameters_.size() != layout_.slots.size())
     throw Error("FlatParameters: names, parameters and layout differ in count");
@@ -19,23 +19,30 @@ FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::T
     if (p.numel() != layout_.slots[i].numel)
       throw Error("FlatParameters: the layout's size of " + names_[i] + " is wrong");
     shapes_.push_back(p.sizes().vec());
+    channels_last_.push_back(channels_last_weights && p.dim() == 4);
     logical_numel_ += p.numel();
   }
   const at::TensorOptions options = parameters_[0].options().requires_grad(false);
   values_ = at::zeros({layout_.total_numel}, options);
   grads_ = at::zeros({layout_.total_numel}, options);
   for (size_t i = 0; i < parameters_.size(); ++i)
-    values_.narrow(0, layout_.slots[i].offset, layout_.slots[i].numel)
-        .copy_(parameters_[i].detach().reshape({-1}));
+    parameter_view(values_, i).copy_(parameters_[i].detach());
   point_parameters_at_buffers();
+}
+
+at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) const {
+  const BucketLayout::Slot& slot = layout_.slots[i];
+  const at::Tensor elements = flat.narrow(0, slot.offset, slot.numel);
+  if (!channels_last_[i]) return elements.view(shapes_[i]);
+  const std::vector<int64_t>& shape = shapes_[i];  // [O, I, kH, kW]
+  return elements.view({shape[0], shape[2], shape[3], shape[1]}).permute({0, 3, 1, 2});
 }
 
 // See Note [Flat parameter storage].
 void FlatParameters::point_parameters_at_buffers() {
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    const BucketLayout::Slot& slot = layout_.slots[i];
-    parameters_[i].set_data(values_.narrow(0, slot.offset, slot.numel).view(shapes_[i]));
-    parameters_[i].mutable_grad() = grads_.narrow(0, slot.offset, slot.numel).view(shapes_[i]);
+    parameters_[i].set_data(parameter_view(values_, i));
+    parameters_[i].mutable_grad() = parameter_view(grads_, i);
   }
 }
 
@@ -46,8 +53,8 @@ at::Tensor FlatParameters::bucket_view(const at::Tensor& flat, size_t bucket) co
 
 at::Tensor FlatParameters::to_logical(const at::Tensor& flat) const {
   std::vector<at::Tensor> pieces;
-  for (const BucketLayout::Slot& slot : layout_.slots)
-    pieces.push_back(flat.narrow(0, slot.offset, slot.numel));
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    pieces.push_back(parameter_view(flat, i).reshape({-1}));  // PyTorch's order
   return at::cat(pieces);
 }
 
@@ -57,9 +64,10 @@ at::Tensor FlatParameters::from_logical(const at::Tensor& logical) const {
                 " elements for a model of " + std::to_string(logical_numel_));
   at::Tensor flat = at::zeros({layout_.total_numel}, logical.options());
   int64_t logical_offset = 0;
-  for (const BucketLayout::Slot& slot : layout_.slots) {
-    flat.narrow(0, slot.offset, slot.numel).copy_(logical.narrow(0, logical_offset, slot.numel));
-    logical_offset += slot.numel;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const int64_t numel = layout_.slots[i].numel;
+    parameter_view(flat, i).copy_(logical.narrow(0, logical_offset, numel).view(shapes_[i]));
+    logical_offset += numel;
   }
   return flat;
 }

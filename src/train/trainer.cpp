@@ -74,7 +74,9 @@ struct Trainer::Impl {
   std::optional<SampleStore> store;  // --data-store memory (sample_store.h)
   bool train_split_resident = false;
   torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
-  bool channels_last = false;        // inputs in NHWC (cuDNN's fast layout on tensor cores)
+  // Inputs and convolution weights in NHWC (cuDNN's fast layout on tensor cores; Note
+  // [Channels-last weights] in flat_parameters.h)
+  bool channels_last = false;
   StepGraph step_graph;              // --cuda-graph: the captured training step
   bool use_step_graph = false;       // whether steps are captured and replayed
   bool graph_captured_now = false;   // the step just run captured the graph
@@ -119,14 +121,15 @@ struct Trainer::Impl {
     }
     const ReducerOptions bucketing = reducer_options(config);
     BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
-    flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout));
+    channels_last = placement.cuda && config.channels_last;
+    flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),
+                          /*channels_last_weights=*/channels_last);
     // Every rank starts from rank 0's parameters and buffers.
     comm.broadcast(flat.values(), 0).wait();
     broadcast_buffers(*model, comm);
     reducer.emplace(flat, comm, bucketing);
     optimizer.emplace(flat, *reducer, comm, zero_options(config));
     checkpoints.emplace(config, info, comm, *model, flat.numel(), device, *optimizer, reporter);
-    channels_last = placement.cuda && config.channels_last;
     train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
                         config.seed, comm.rank(), config.micro_batch);
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,

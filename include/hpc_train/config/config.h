@@ -79,7 +79,7 @@ struct TrainConfig {
   // --cuda-graph auto|on|off: replay each GPU step as one CUDA graph (step_graph.h); auto falls
   // back to eager steps where the step cannot be captured (MPI backend, gradient accumulation).
   Switch cuda_graph = Switch::kAuto;
-  bool channels_last = true;      // --channels-last: NHWC inputs on the GPU (cuDNN's tensor-core layout)
+  bool channels_last = true;      // --channels-last: NHWC inputs and conv weights on the GPU
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
   // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)

@@ -10,9 +10,23 @@
 // gradients are cleared with `zero_grads()`, never by resetting them to undefined. Padding
 // elements stay zero in both buffers.
 //
-// The *logical* layout is the parameters' concatenation in model order, without padding: it does
-// not depend on buckets or world size, so it is what checkpoints store and what survives a
-// re-layout.
+// The *logical* layout is the parameters' concatenation in model order, without padding, each
+// parameter's elements in PyTorch's (contiguous) order: it does not depend on buckets, world size
+// or memory format, so it is what checkpoints store and what survives a re-layout.
+//
+// Note [Channels-last weights]
+// With channels-last activations (--channels-last on a GPU), cuDNN wants the convolution
+// weights channels-last too. Stored contiguous [O, I, kH, kW], every step copied each weight to
+// NHWC before its convolution and added its NHWC gradient back through a strided add (or, where
+// a first convolution's single input channel made the input's format ambiguous, ran the whole
+// network NCHW with cuDNN transposing around each convolution): bench/kernel_profile.sh showed
+// 34 copies and 17 strided adds per resnet18 step, and 12 transposes in simple_cnn's. So, when
+// asked, a 4-D parameter's slot holds its elements in [O, kH, kW, I] order and the parameter is
+// that storage seen through a permutation: shape [O, I, kH, kW], channels-last strides, as
+// PyTorch's model.to(memory_format=torch.channels_last) gives. Its gradient view has the same
+// strides, so autograd accumulates in place without a copy. The slot's size and place are
+// unchanged: buckets, collectives and the optimizer, which see flat elements, do not know;
+// to_logical and from_logical translate, so checkpoints and weight files keep PyTorch's order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,9 +42,10 @@ namespace hpc_train {
 class FlatParameters {
  public:
   FlatParameters() = default;
-  // Moves the parameters (one dtype, one device) into flat buffers laid out by `layout`.
+  // Moves the parameters (one dtype, one device) into flat buffers laid out by `layout`; with
+  // `channels_last_weights`, 4-D parameters channels-last (Note [Channels-last weights]).
   FlatParameters(std::vector<std::string> names, std::vector<at::Tensor> parameters,
-                 BucketLayout layout);
+                 BucketLayout layout, bool channels_last_weights = false);
 
   at::Tensor& values() { return values_; }
   at::Tensor& grads() { return grads_; }
@@ -55,10 +70,13 @@ class FlatParameters {
 
  private:
   void point_parameters_at_buffers();
+  // Parameter i's elements of a flat-layout tensor, in its shape and memory format.
+  at::Tensor parameter_view(const at::Tensor& flat, size_t i) const;
 
   std::vector<std::string> names_;
   std::vector<at::Tensor> parameters_;
   std::vector<std::vector<int64_t>> shapes_;
+  std::vector<bool> channels_last_;  // per parameter: stored [O, kH, kW, I]
   BucketLayout layout_;
   int64_t logical_numel_ = 0;
   at::Tensor values_;

@@ -10,7 +10,7 @@
 namespace hpc_train {
 
 nlohmann::json TrainSummary::to_json() const {
-  return {{"world_size", world_size},
+  nlohmann::json summary = {{"world_size", world_size},
           {"model", model},
           {"parameters", parameters},
           {"zero_stage", zero_stage},
@@ -40,6 +40,8 @@ nlohmann::json TrainSummary::to_json() const {
           {"last_checkpoint", last_checkpoint},
           {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
           {"step_breakdown", breakdown.to_json()}};
+  summary.update(storage_reads.to_json());
+  return summary;
 }
 
 nlohmann::json StepBreakdown::to_json() const {
@@ -271,7 +273,7 @@ void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
 
 void RunReporter::epoch(const EpochReport& r) {
   evaluation_s_ = std::max(0.0, r.wall_s - r.train_s);
-  metrics_.write({{"kind", "epoch"},
+  nlohmann::json record = {{"kind", "epoch"},
                   {"epoch", r.at.epoch + 1},
                   {"complete", r.complete},
                   {"steps", r.at.global_step},
@@ -283,7 +285,9 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"epoch_s", r.wall_s},
                   {"loader_wait_s", r.loader_wait_s},
                   {"skipped_steps", r.skipped_steps},
-                  {"loss_scale", r.loss_scale}});
+                  {"loss_scale", r.loss_scale}};
+  record.update(r.storage_reads.to_json());
+  metrics_.write(record);
   monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
       "(%lld/%lld)\n",

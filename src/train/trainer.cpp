@@ -24,6 +24,7 @@
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/train/run_options.h"
 #include "hpc_train/monitor/run_report.h"
+#include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/train/step_graph.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/training_state.h"
@@ -41,6 +42,22 @@ constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
 constexpr int64_t kEagerStepsBeforeCapture = 3;
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Note [Storage reads per epoch]: each rank's /proc/self/io counters are taken where the first
+// epoch starts and at every epoch's end, and the differences gathered at rank 0, as the GPU's
+// peak allocation is. They count the whole process over the span: the loader thread's samples
+// (with what it prefetched for the next steps), evaluation's test split, checkpoints written and
+// read back; and in bytes of pages, so a sample read cold costs its bytes rounded up to pages.
+// A rank without the counters reports -1 (null in the JSON): unknown, which 0 would hide.
+StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& reads,
+                                        Communicator& comm) {
+  StorageReadsByRank by_rank;
+  by_rank.storage_read_bytes =
+      comm.gather_count(reads ? reads->storage_read_bytes : -1, 0, "storage read bytes");
+  by_rank.syscall_read_bytes =
+      comm.gather_count(reads ? reads->syscall_read_bytes : -1, 0, "read syscall bytes");
+  return by_rank;
+}
 
 }  // namespace
 
@@ -375,6 +392,9 @@ struct Trainer::Impl {
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
     ThroughputClock throughput(start.global_step + 1);
+    // Note [Storage reads per epoch]
+    const std::optional<StorageReadBytes> reads_at_start = process_storage_reads();
+    std::optional<StorageReadBytes> reads_at_epoch_start = reads_at_start;
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
@@ -481,6 +501,10 @@ struct Trainer::Impl {
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
       ended.loader_wait_s = batches.loader_wait_ms() / 1e3;
+      const std::optional<StorageReadBytes> reads_at_epoch_end = process_storage_reads();
+      ended.storage_reads =
+          gather_storage_reads(storage_reads_between(reads_at_epoch_start, reads_at_epoch_end), comm);
+      reads_at_epoch_start = reads_at_epoch_end;
       ended.skipped_steps = report.skipped_steps;
       ended.loss_scale = report.loss_scale;
       reporter.epoch(ended);
@@ -505,6 +529,8 @@ struct Trainer::Impl {
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
+    summary.storage_reads = gather_storage_reads(
+        storage_reads_between(reads_at_start, process_storage_reads()), comm);
     if (throughput.steps() > 0 && throughput.ms() > 0) {
       // Per-rank rates times ranks; the slowest rank sets the pace, so take its time.
       const double slowest_ms = comm.all_reduce_scalar(throughput.ms(), ReduceOp::kMax);

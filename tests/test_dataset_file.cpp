@@ -70,6 +70,17 @@ DatasetContents make_contents() {
   return c;
 }
 
+// Contents of two classes "a" and "b" and images of C x H x W, no samples yet.
+DatasetContents two_classes(int64_t channels, int64_t height, int64_t width) {
+  DatasetContents c;
+  c.info.num_classes = 2;
+  c.info.class_names = {"a", "b"};
+  c.info.channels = channels;
+  c.info.height = height;
+  c.info.width = width;
+  return c;
+}
+
 void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got_label) {
   EXPECT_EQ(got_label, label(split, index)) << "sample " << index;
   for (int64_t i = 0; i < kSampleBytes; ++i)
@@ -254,12 +265,7 @@ TEST_F(DatasetFileTest, RoundTripExactBytes) {
 TEST_F(DatasetFileTest, MeanStdClosedForm) {
   const std::string out = path("mean_std.h5");
   if (world_rank() == 0) {
-    DatasetContents c;
-    c.info.num_classes = 2;
-    c.info.class_names = {"a", "b"};
-    c.info.channels = 2;
-    c.info.height = 1;
-    c.info.width = 2;
+    DatasetContents c = two_classes(2, 1, 2);
     for (int s = 0; s < 4; ++s) {
       c.train_images.insert(c.train_images.end(), {0, 255, static_cast<uint8_t>(51 * s),
                                                    static_cast<uint8_t>(51 * s)});
@@ -710,12 +716,7 @@ TEST_F(DatasetFileTest, OpenRejectsLabelsTheFileDoesNotHold) {
 // would read the whole chunk for one sample. The bytes asked for are read calls' (rchar),
 // independent of what the page cache holds; with MPI-IO too.
 TEST_F(DatasetFileTest, ASampleReadReadsOnlyItsBytes) {
-  DatasetContents contents;
-  contents.info.num_classes = 2;
-  contents.info.class_names = {"a", "b"};
-  contents.info.channels = 3;
-  contents.info.height = 32;
-  contents.info.width = 32;
+  DatasetContents contents = two_classes(3, 32, 32);
   const int64_t sample_bytes = contents.info.sample_bytes();
   for (int64_t s = 0; s < 32; ++s) {
     contents.train_labels.push_back(s % 2);

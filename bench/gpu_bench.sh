@@ -23,7 +23,9 @@ compile=${BENCH_COMPILE:-0} only=${BENCH_ONLY:-}
 printf '%-34s %9s %9s %9s %9s %8s %8s %7s %8s\n' case "hpc ms" "eager ms" "graph ms" "compile ms" \
   "vs eager" "vs best" "hpc MFU" replayed
 run_case() {  # NAME DATASET MODEL BATCH PRECISION [hpc_train options...]
+  # A scripted model NAME.pt is compared with PyTorch's NAME: the same network, in Python.
   local name=$1 data=$2 model=$3 batch=$4 precision=$5 mode modes=(eager graph)
+  local reference_model=${3%.pt}
   shift 5
   if [ -n "$only" ] && ! [[ $name =~ $only ]]; then return 0; fi
   mpirun -np 1 "$build/hpc_train" --dataset "$data" --model "$model" --micro-batch "$batch" \
@@ -31,7 +33,7 @@ run_case() {  # NAME DATASET MODEL BATCH PRECISION [hpc_train options...]
     "$@" > "hpc-$name.log" 2>&1 || { echo "hpc_train failed: $name"; tail -5 "hpc-$name.log"; return 1; }
   [ "$compile" = 1 ] && modes+=(compile)
   for mode in "${modes[@]}"; do
-    python3 "$here/reference/train_reference.py" --dataset "$data" --model "$model" \
+    python3 "$here/reference/train_reference.py" --dataset "$data" --model "$reference_model" \
       --batch "$batch" --precision "$precision" --steps "$steps" --mode "$mode" \
       > "torch-$name-$mode.json" 2> "torch-$name-$mode.log" || rm -f "torch-$name-$mode.json"
   done
@@ -53,6 +55,14 @@ run_case "simple_cnn-b64-bf16-zero2" fm.h5 simple_cnn 64 bf16 --zero-stage 2
 # The reference does not augment: neither does hpc_train here (--augment auto would, for
 # CIFAR-like data).
 run_case "resnet18-b256-bf16" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 --augment off
+# What TorchScript costs: the same resnet18 (bench/reference/models.py's, the built-in's names)
+# scripted by this machine's PyTorch and trained from the file.
+if [ -z "$only" ] || [[ resnet18-scripted-b256-bf16 =~ $only ]]; then
+  python3 "$here/../tests/support/torchscript_models.py" script resnet18 resnet18.pt \
+    --shape 3,32,32 --classes 10 --seed 0
+fi
+run_case "resnet18-scripted-b256-bf16" cifar_synthetic.h5 resnet18.pt 256 bf16 --zero-stage 2 \
+  --augment off
 run_case "resnet18-b256-bf16-eager" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 --augment off \
   --cuda-graph off
 run_case "resnet18-b256-bf16-cudnn-benchmark" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 \

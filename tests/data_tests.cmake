@@ -50,8 +50,17 @@ endif()
 # pattern, at 1, 2 and 3 ranks and both kinds of file access; the index format; wrong sets.
 hpc_train_add_test(NAME test_dataset_shards SOURCES test_dataset_shards.cpp RANKS 1 2 3
   LIBS hpc_train_test_support LABELS data TIMEOUT 60)
+# The read-once sample store (data/sample_store.h): the exchange plan routed by hand; at 1, 2 and
+# 3 ranks its micro-batches equal the file's (a file and its shards, a resumed epoch, a partial
+# last batch), and a share over its limit stops every rank.
+hpc_train_add_test(NAME test_sample_store SOURCES test_sample_store.cpp RANKS 1 2 3
+  LIBS hpc_train_engine hpc_train_test_support LABELS data TIMEOUT 120)
 # Training on shards is training on their file: hpc_train_data shard and inspect; weights and
 # losses of the file, a pattern and an index equal at 1, 2 and 3 ranks, resident data on and off,
 # resume over shards; wrong sets end every rank with exit 3 (tests/test_shards_training.sh).
 hpc_train_add_script_test(NAME test_shards_training SCRIPT test_shards_training.sh LABELS data
   TIMEOUT 600)
+# --data-store memory trains on what --data-store file trains on: weights, losses and sample
+# traces equal at 1, 2 and 3 ranks (grad accumulation, partial last batches, shards, --drop-last,
+# the INI file), a resume mid-epoch; a share over its limit and bad options end with exit 2.
+hpc_train_add_script_test(NAME test_data_store SCRIPT test_data_store.sh LABELS data TIMEOUT 600)

@@ -338,6 +338,8 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.bucket_mb = 2e8 * 2 / (1024.0 * 1024.0);  // an imported DeepSpeed bucket: 381.47 MiB
   config.first_bucket_mb = 0.1;
   config.overlap_comm = false;
+  config.data_store = DataStore::kMemory;
+  config.data_store_limit_mb = 4096;
   const std::string text = to_ini(config);
   EXPECT_EQ(text.rfind("# hpc_train resolved configuration\n", 0), 0u) << text;
   // Sections in order, the new ones after [training].
@@ -352,6 +354,8 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
     EXPECT_NE(text.find(std::string("\n") + section + "\n"), std::string::npos) << section;
   }
   EXPECT_NE(text.find("drop_last = true\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("data_store = memory\ndata_store_limit_mb = 4096\n"), std::string::npos)
+      << text;
   expect_same(parse({"--config", write("changed.ini", text)}).config, config);
 }
 
@@ -494,6 +498,7 @@ TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
       {"warmup-type", "training", "exp", "linear or log", "linear"},
       {"precision", "zero", "fp8", "fp32, fp16 or bf16", "fp32"},
       {"resident-data", "data", "yes", "auto, on or off", "auto"},
+      {"data-store", "data", "disk", "file or memory", "file"},
       {"device", "runtime", "gpu", "auto, cuda or cpu", "auto"},
       {"backend", "runtime", "gloo", "auto, nccl, mpi or none", "auto"},
       {"cuda-graph", "runtime", "ON", "auto, on or off", "auto"},
@@ -570,8 +575,20 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a number of MiB"},
       {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
       {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
+      {[](TrainConfig& c) { c.cuda_profiler_start_step = -1; },
+       "--cuda-profiler-start-step -1: must be 0 (never) or a step number"},
+      {[](TrainConfig& c) { c.cuda_profiler_steps = 0; }, "--cuda-profiler-steps 0: must be at "
+                                                          "least 1"},
       {[](TrainConfig& c) { c.deterministic = c.cudnn_benchmark = true; },
        "--cudnn-benchmark true: cannot be combined with --deterministic"},
+      {[](TrainConfig& c) { c.data_store_limit_mb = -1; }, "--data-store-limit-mb -1: must be 0"},
+      {[](TrainConfig& c) { c.data_store_limit_mb = (int64_t{1} << 40) + 1; },
+       "--data-store-limit-mb 1099511627777: must be 0"},
+      {[](TrainConfig& c) {
+         c.data_store = DataStore::kMemory;
+         c.resident_data = Switch::kOn;
+       },
+       "--data-store memory: cannot be combined with --resident-data on"},
   };
   for (const Case& bad : cases) {
     TrainConfig config;

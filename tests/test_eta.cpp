@@ -105,6 +105,7 @@ TEST(IntervalEvents, CarryTheGpuSpread) {
   spread.utilization_pct = {41.0, 97.0};
   spread.power_w = {250.0, 310.0};
   spread.measured = true;
+  spread.utilization_measured = true;
   report.gpu = spread;
   for (int interval = 0; interval < 3; ++interval) {
     const std::vector<ScalarEvent> events = interval_events(report);

@@ -117,6 +117,32 @@ TEST(GpuSpread, OverRanksForTheLogLine) {
   EXPECT_EQ(record.at("gpu_alloc_peak_bytes_max").get<double>(), 1.2e9);
 }
 
+// A rank whose interval holds no driver utilisation sample (shorter than the driver's period)
+// leaves utilisation out; where no rank has one, it reads n/a, not 0% (Note [Utilisation over
+// the interval]). Memory and power stay.
+TEST(GpuSpread, UtilisationUnknownForAnIntervalWithoutSamples) {
+  const int r = world_rank(), n = world_size();
+  GpuSample sample;
+  sample.utilization_pct = r == n - 1 ? 55.0 : std::numeric_limits<double>::quiet_NaN();
+  sample.memory_used_bytes = static_cast<int64_t>(2.2e9);
+  sample.power_w = 120.0;
+  sample.samples = 1;
+  Communicator comm(MPI_COMM_WORLD);
+  const GpuSpread one_rank_knows = gpu_spread_over_ranks(sample, 0, comm);
+  EXPECT_TRUE(one_rank_knows.utilization_measured);
+  EXPECT_EQ(one_rank_knows.utilization_pct.min, 55.0);
+  EXPECT_EQ(one_rank_knows.utilization_pct.max, 55.0);
+
+  sample.utilization_pct = std::numeric_limits<double>::quiet_NaN();
+  const GpuSpread nobody_knows = gpu_spread_over_ranks(sample, 0, comm);
+  EXPECT_TRUE(nobody_knows.measured);
+  EXPECT_FALSE(nobody_knows.utilization_measured);
+  EXPECT_EQ(nobody_knows.describe(),
+            "GPU util n/a, mem 2.2-2.2 GB, power 120-120 W, peak alloc 0.0-0.0 GB");
+  EXPECT_TRUE(nobody_knows.to_json().at("gpu_util_pct_min").is_null());
+  EXPECT_EQ(nobody_knows.to_json().at("gpu_power_w_max").get<double>(), 120.0);
+}
+
 TEST(GpuSpread, UnmeasuredRanksShowOnlyTheAllocator) {
   const int r = world_rank(), n = world_size();
   Communicator comm(MPI_COMM_WORLD);
@@ -202,6 +228,16 @@ TEST(GpuMonitorOnGpu, SamplesABusyGpu) {
   std::printf("GPU 0: util %.0f%%, mem %.2f GB, power %.0f W over %lld samples\n",
               sample.utilization_pct, sample.memory_used_bytes / 1e9, sample.power_w,
               static_cast<long long>(sample.samples));
+}
+
+// Two intervals back to back: the second, microseconds long, holds no driver utilisation
+// sample, so its utilisation is unknown rather than the first one's.
+TEST(GpuMonitorOnGpu, UtilisationOfAnIntervalWithoutSamplesIsUnknown) {
+  GpuMonitor monitor(0, /*sample_interval_ms=*/50.0);
+  ASSERT_TRUE(monitor.available()) << monitor.unavailable_reason();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(std::isnan(monitor.take_interval().utilization_pct));  // driver samples in 0.5 s
+  EXPECT_TRUE(std::isnan(monitor.take_interval().utilization_pct));
 }
 
 TEST(GpuMonitorOnGpu, ShortIntervalIsSampledOnTheSpot) {

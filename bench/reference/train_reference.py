@@ -12,6 +12,8 @@ Prints one JSON line: ms_per_step, samples_per_s (CUDA-event timing over --steps
            once in one CUDA graph and replayed, the batch's indices copied into a static buffer;
   compile  the model through torch.compile(mode="max-autotune") (its CUDA graphs included), the
            optimizer step after it; the compile time (the warm-up steps) is reported apart.
+With --cuda-profiler the timed steps run between cudaProfilerStart and cudaProfilerStop, for a
+profiler started with its capture off (bench/kernel_profile.sh).
 With --epochs N it trains N epochs (shuffled, every sample once) instead and reports wall time
 and test accuracy, as hpc_train's whole job does.
 
@@ -53,6 +55,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager")
+    parser.add_argument("--cuda-profiler", action="store_true")
     args = parser.parse_args()
     distributed = "LOCAL_RANK" in os.environ  # started by torch.distributed.run
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -151,10 +154,14 @@ def main():
     if distributed:
         torch.distributed.barrier()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if args.cuda_profiler:
+        torch.cuda.profiler.start()
     begin.record()
     for i in range(args.steps):
         step(batches[args.warmup + i])
     end.record()
+    if args.cuda_profiler:
+        torch.cuda.profiler.stop()
     torch.cuda.synchronize()
     ms = begin.elapsed_time(end) / args.steps
     if distributed:

@@ -325,4 +325,29 @@ std::string Communicator::broadcast_string(const std::string& value, int root,
   return result;
 }
 
+void Communicator::all_to_all_bytes(const uint8_t* send, const std::vector<int64_t>& send_bytes,
+                                    uint8_t* recv, const std::vector<int64_t>& recv_bytes,
+                                    const std::string& label) {
+  if (static_cast<int>(send_bytes.size()) != size_ || static_cast<int>(recv_bytes.size()) != size_)
+    throw Error("all_to_all_bytes: " + std::to_string(send_bytes.size()) + " send and " +
+                std::to_string(recv_bytes.size()) + " receive counts for " +
+                std::to_string(size_) + " ranks");
+  std::vector<int> send_counts(size_), send_displacements(size_), recv_counts(size_),
+      recv_displacements(size_);
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < size_; ++r) {
+    send_counts[r] = mpi_count(send_bytes[r], "all_to_all");
+    send_displacements[r] = mpi_count(sent, "all_to_all");
+    sent += send_bytes[r];
+    recv_counts[r] = mpi_count(recv_bytes[r], "all_to_all");
+    recv_displacements[r] = mpi_count(received, "all_to_all");
+    received += recv_bytes[r];
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ialltoallv(send, send_counts.data(), send_displacements.data(), MPI_BYTE, recv,
+                           recv_counts.data(), recv_displacements.data(), MPI_BYTE, comm_,
+                           &request));
+  make_work(request, watchdog_, "all_to_all", label, sent).wait();
+}
+
 }  // namespace hpc_train

@@ -12,6 +12,15 @@
 
 namespace hpc_train {
 
+std::string ReducerEvent::describe() const {
+  switch (kind) {
+    case Kind::kCollectiveStarted: return "bucket " + std::to_string(bucket) + " started";
+    case Kind::kBackwardEnded: return "backward ended";
+    case Kind::kAllDone: return "all done";
+  }
+  return "unknown event";
+}
+
 namespace {
 
 int dtype_id(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }

@@ -52,7 +52,7 @@ using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, i
                               OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
                               WarmupType TrainConfig::*, Precision TrainConfig::*,
                               DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
-                              ProgressStyle TrainConfig::*>;
+                              ProgressStyle TrainConfig::*, DataStore TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -92,6 +92,12 @@ const OptionSpec kOptions[] = {
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
+    {"data-store", "data", &TrainConfig::data_store,
+     "file (read the train split's batches from the dataset) or memory (each rank reads 1/N of "
+     "it once, batches are exchanged over MPI)"},
+    {"data-store-limit-mb", "data", &TrainConfig::data_store_limit_mb,
+     "host memory (MiB) a rank's share of --data-store memory may take; 0 = the node's "
+     "MemAvailable / its ranks"},
     {"model", "model", &TrainConfig::model, kModelHelp.c_str()},
     {"init-weights", "model", &TrainConfig::init_weights,
      "start from this PyTorch state_dict (.safetensors), strictly: every tensor by name and shape"},
@@ -153,6 +159,11 @@ const OptionSpec kOptions[] = {
      "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
     {"deterministic", "runtime", &TrainConfig::deterministic,
      "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
+    {"cuda-profiler-start-step", "runtime", &TrainConfig::cuda_profiler_start_step,
+     "GPU: start the CUDA profiler's capture at this step (ncu --profile-from-start off, nsys "
+     "--capture-range=cudaProfilerApi); 0 = never"},
+    {"cuda-profiler-steps", "runtime", &TrainConfig::cuda_profiler_steps,
+     "steps the CUDA profiler's capture lasts"},
     {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
      "steps between checkpoints; 0 = at epoch ends only"},
     {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
@@ -602,6 +613,9 @@ namespace {
 // The range of --bucket-mb and --first-bucket-mb: one byte to 1e6 MiB.
 constexpr double kMinBucketMiB = 1.0 / (1 << 20);
 constexpr double kMaxBucketMiB = 1e6;
+// The range of --data-store-limit-mb: 2^40 MiB (an exbibyte) is no node's memory, and keeps the
+// limit in bytes within int64.
+constexpr int64_t kMaxDataStoreLimitMiB = int64_t{1} << 40;
 
 // A file name with something before ".safetensors".
 bool names_safetensors_file(const std::string& path) {
@@ -625,6 +639,15 @@ void validate(const TrainConfig& c) {
           "give the HDF5 dataset file (hpc_train_data converts MNIST, CIFAR-10, ...)");
   require(c.prefetch_batches >= 1, "prefetch", c.prefetch_batches,
           "must be at least 1 (batches read ahead)");
+  require(c.data_store_limit_mb >= 0 && c.data_store_limit_mb <= kMaxDataStoreLimitMiB,
+          "data-store-limit-mb", c.data_store_limit_mb,
+          "must be 0 (the node's available memory / its ranks) or a number of MiB up to 2^40");
+  // Note [Store and resident data]: both keep the train split in memory, so one run has one:
+  // --resident-data on is a contradiction (refused); auto yields to the store.
+  require(!(c.data_store == DataStore::kMemory && c.resident_data == Switch::kOn), "data-store",
+          c.data_store,
+          "cannot be combined with --resident-data on (both keep the train split in memory); "
+          "use --resident-data auto or off, or --data-store file");
   require(!c.model.empty(), "model", c.model, "give a model name, e.g. simple_cnn");
   require(c.init_weights.empty() || names_safetensors_file(c.init_weights), "init-weights",
           c.init_weights,
@@ -634,6 +657,10 @@ void validate(const TrainConfig& c) {
           c.init_weights_partial, "needs --init-weights FILE.safetensors");
   require(c.epochs >= 1, "epochs", c.epochs, "must be at least 1");
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be 0 (no limit) or more");
+  require(c.cuda_profiler_start_step >= 0, "cuda-profiler-start-step", c.cuda_profiler_start_step,
+          "must be 0 (never) or a step number (1 is the first)");
+  require(c.cuda_profiler_steps >= 1, "cuda-profiler-steps", c.cuda_profiler_steps,
+          "must be at least 1");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,
           "must be at least 1 (samples per rank per step)");
   require(std::isfinite(c.lr) && c.lr > 0, "lr", c.lr, "must be a finite number > 0, e.g. 0.001");

@@ -12,10 +12,11 @@ namespace hpc_train {
 
 EpochBatches::EpochBatches(DeviceInput& input, const DatasetFile& dataset,
                            std::vector<int64_t> indices, int64_t batch_size, int prefetch_batches,
-                           int64_t epoch, int64_t first_batch, bool resident)
+                           int64_t epoch, int64_t first_batch, bool resident, SampleStore* store)
     : input_(input), batch_size_(batch_size), epoch_(epoch), first_batch_(first_batch),
-      indices_(std::move(indices)) {
-  if (!resident) loader_.emplace(dataset, Split::kTrain, indices_, batch_size, prefetch_batches);
+      indices_(std::move(indices)), store_(resident ? nullptr : store) {
+  if (!resident && store_ == nullptr)
+    loader_.emplace(dataset, Split::kTrain, indices_, batch_size, prefetch_batches);
 }
 
 int64_t EpochBatches::batches() const {
@@ -27,11 +28,14 @@ bool EpochBatches::prepare_next(double* wait_ms) {
   const int64_t begin = batches_prepared_ * batch_size_;
   if (begin >= static_cast<int64_t>(indices_.size())) return false;
   const int64_t end = std::min<int64_t>(begin + batch_size_, indices_.size());
-  if (loader_) {
+  if (loader_ || store_) {
     Stopwatch wait;
-    const bool more = loader_->next(host_batch_);
+    if (store_) {
+      store_->exchange(batches_prepared_, batch_size_, host_batch_);
+    } else if (!loader_->next(host_batch_)) {
+      throw Error("the loader ended before the epoch plan did");
+    }
     *wait_ms += wait.elapsed_ms();
-    if (!more) throw Error("the loader ended before the epoch plan did");
     host_batch_.index_in_epoch = index;
     input_.prepare(host_batch_, epoch_);
   } else {

@@ -109,10 +109,11 @@ int64_t samples_for_rank(int64_t dataset_size, int world_size, int rank, EpochTa
   return epoch_length(dataset_size, world_size, tail) / world_size;
 }
 
-std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t dataset_size,
-                                        int world_size, int rank, EpochTail tail, bool shuffle,
-                                        int64_t first_position) {
-  check_arguments(dataset_size, world_size, rank);
+std::vector<std::vector<int64_t>> every_rank_epoch_indices(uint64_t seed, int64_t epoch,
+                                                           int64_t dataset_size, int world_size,
+                                                           EpochTail tail, bool shuffle,
+                                                           int64_t first_position) {
+  check_arguments(dataset_size, world_size, 0);
   if (first_position < 0)
     throw Error("epoch plan: first position " + std::to_string(first_position) + " < 0");
   std::vector<int64_t> order;
@@ -128,11 +129,20 @@ std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t da
   // A resumed epoch pads or cuts what is left of the dataset after first_position.
   const int64_t left = std::max<int64_t>(0, dataset_size - first_position);
   const int64_t length = left == 0 ? 0 : epoch_length(left, world_size, tail);
-  std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(length / world_size + 1));
-  for (int64_t position = rank; position < length; position += world_size)
-    mine.push_back(order[static_cast<size_t>((first_position + position) % dataset_size)]);
-  return mine;
+  std::vector<std::vector<int64_t>> plans(static_cast<size_t>(world_size));
+  for (std::vector<int64_t>& plan : plans) plan.reserve(static_cast<size_t>(length / world_size + 1));
+  for (int64_t position = 0; position < length; ++position)
+    plans[static_cast<size_t>(position % world_size)].push_back(
+        order[static_cast<size_t>((first_position + position) % dataset_size)]);
+  return plans;
+}
+
+std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t dataset_size,
+                                        int world_size, int rank, EpochTail tail, bool shuffle,
+                                        int64_t first_position) {
+  check_arguments(dataset_size, world_size, rank);
+  return std::move(every_rank_epoch_indices(seed, epoch, dataset_size, world_size, tail, shuffle,
+                                            first_position)[static_cast<size_t>(rank)]);
 }
 
 int64_t batches_per_epoch(int64_t count, int64_t batch_size) {

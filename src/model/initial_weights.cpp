@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
@@ -75,6 +76,16 @@ WeightsMatch match_weights(const std::vector<NamedShape>& file,
   for (const NamedShape& tensor : file)
     if (in_model.count(tensor.name) == 0) match.unexpected.push_back(tensor);
   return match;
+}
+
+std::string describe_weights_loaded(const WeightsMatch& match, const std::string& path) {
+  const size_t model_tensors =
+      match.matched.size() + match.missing.size() + match.mismatched.size();
+  if (match.complete())
+    return "Initial weights: all " + std::to_string(model_tensors) + " tensors from " + path;
+  return "Initial weights: " + std::to_string(match.matched.size()) + " of the model's " +
+         std::to_string(model_tensors) + " tensors from " + path + " (partial); left: " +
+         describe_unmatched(match, SIZE_MAX);
 }
 
 std::string describe_unmatched(const WeightsMatch& match, size_t max_listed) {

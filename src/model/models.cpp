@@ -225,6 +225,28 @@ bool names_torchscript_file(const std::string& model) {
          model.find('/') != std::string::npos;
 }
 
+std::string libtorch_message(const std::exception& e) {
+  const auto first_line = [](const std::string& text) { return text.substr(0, text.find('\n')); };
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e))
+    return first_line(error->what_without_backtrace());
+  return first_line(e.what());
+}
+
+void check_runs_in(TrainableModel& model, const ModelShape& shape, const torch::Device& device,
+                   torch::Dtype dtype, const std::string& precision, const std::string& name) {
+  if (dtype == torch::kFloat) return;
+  torch::NoGradGuard no_grad;
+  model.eval();
+  try {
+    model.forward(torch::zeros({1, shape.channels, shape.height, shape.width},
+                               torch::TensorOptions().dtype(dtype).device(device)));
+  } catch (const c10::Error& e) {
+    throw ConfigError("--precision " + precision + ": " + name + " cannot run in " + precision +
+                      " here (" + libtorch_message(e) +
+                      "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
+  }
+}
+
 std::unique_ptr<TrainableModel> load_model(const std::string& model, const ModelShape& shape) {
   if (names_torchscript_file(model)) return load_scripted_model(model, shape);
   return std::make_unique<BuiltinModel>(model, make_model(model, shape),

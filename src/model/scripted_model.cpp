@@ -19,15 +19,6 @@ namespace {
 // (squeeze) shows it.
 constexpr int64_t kProbeBatch = 2;
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-// LibTorch's message without its C++ backtrace (c10::Error) or TorchScript's source excerpt.
-std::string libtorch_message(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e))
-    return first_line(error->what_without_backtrace());
-  return first_line(e.what());
-}
-
 std::string shape_text(c10::IntArrayRef shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);

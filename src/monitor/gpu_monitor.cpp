@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -117,7 +118,8 @@ class GpuMonitor::Impl {
   GpuSample take_interval() {
     if (!available()) return {};
     const uint64_t now_us = host_time_us();
-    const double buffered_pct = utilization_from_samples(interval_start_us_, now_us);
+    const std::optional<double> buffered_pct =
+        utilization_from_samples(interval_start_us_, now_us);
     interval_start_us_ = now_us;
     std::unique_lock<std::mutex> lock(mutex_);
     if (sum_.rounds == 0) {
@@ -128,8 +130,10 @@ class GpuMonitor::Impl {
     }
     GpuSample sample;
     sample.samples = sum_.rounds;
-    sample.utilization_pct = sum_.utilization_reads > 0 ? sum_.utilization_pct / sum_.utilization_reads : 0.0;
-    if (!std::isnan(buffered_pct)) sample.utilization_pct = buffered_pct;
+    sample.utilization_pct = buffered_pct ? *buffered_pct
+                             : sum_.utilization_reads > 0
+                                 ? sum_.utilization_pct / sum_.utilization_reads
+                                 : std::numeric_limits<double>::quiet_NaN();
     sample.memory_used_bytes = sum_.memory_used_max_bytes;
     sample.power_w = sum_.power_reads > 0 ? sum_.power_w / sum_.power_reads : 0.0;
     sum_ = Sums{};
@@ -236,38 +240,38 @@ class GpuMonitor::Impl {
   // Note [Utilisation over the interval]: the mean of the driver's utilisation samples whose
   // periods end within (start_us, end_us], read from its sample buffer, rather than the polled
   // nvmlDeviceGetUtilizationRates, whose one value covers the driver's last sample period and so
-  // can reach back before the interval. An interval that holds no sample end (one shorter than
-  // the driver's period) gets the newest sample, the one that covers its end. NaN where the
-  // buffer cannot be read: the polled mean stands.
-  double utilization_from_samples(uint64_t start_us, uint64_t end_us) {
-    if (!samples_) return std::numeric_limits<double>::quiet_NaN();
+  // can reach back before the interval. An interval that holds no sample end is shorter than
+  // the driver's sample period (on an H200 about 1/6 s; a log interval of 100 steps of a small
+  // network can be 40 ms): the sample that will cover it is not written yet, and every sample
+  // there is describes time before the interval, so its utilisation is unknown (NaN), not the
+  // newest sample's (which read 0% while steps were replaying back to back: the GPU idling
+  // before training started). nullopt where the buffer cannot be read: the polled mean stands.
+  std::optional<double> utilization_from_samples(uint64_t start_us, uint64_t end_us) {
+    if (!samples_) return std::nullopt;
     int value_type = 0;
     unsigned int count = 0;
+    if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
+                 nullptr) != kNvmlSuccess) {
+      return std::nullopt;
+    }
     double interval_sum_pct = 0.0;
     int64_t interval_samples = 0;
-    if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
-                 nullptr) == kNvmlSuccess &&
-        count > 0) {
-      std::vector<NvmlSample> buffer(count);
-      if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
-                   buffer.data()) == kNvmlSuccess) {
-        buffer.resize(std::min<size_t>(count, buffer.size()));
-        for (const NvmlSample& s : buffer) {
-          const double pct = value_of(s.value, value_type);
-          if (std::isnan(pct)) continue;
-          if (s.time_stamp_us > start_us && s.time_stamp_us <= end_us) {
-            interval_sum_pct += pct;
-            ++interval_samples;
-          }
-          if (s.time_stamp_us >= last_seen_us_) {
-            last_seen_us_ = s.time_stamp_us;
-            newest_pct_ = pct;
-          }
+    std::vector<NvmlSample> buffer(count);
+    if (count > 0 && samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type,
+                              &count, buffer.data()) == kNvmlSuccess) {
+      buffer.resize(std::min<size_t>(count, buffer.size()));
+      for (const NvmlSample& s : buffer) {
+        const double pct = value_of(s.value, value_type);
+        if (std::isnan(pct)) continue;
+        if (s.time_stamp_us > start_us && s.time_stamp_us <= end_us) {
+          interval_sum_pct += pct;
+          ++interval_samples;
         }
+        last_seen_us_ = std::max<unsigned long long>(last_seen_us_, s.time_stamp_us);
       }
     }
     return interval_samples > 0 ? interval_sum_pct / static_cast<double>(interval_samples)
-                                : newest_pct_;
+                                : std::numeric_limits<double>::quiet_NaN();
   }
 
   void run() {
@@ -299,7 +303,6 @@ class GpuMonitor::Impl {
   // over the interval]
   uint64_t interval_start_us_ = 0;
   unsigned long long last_seen_us_ = 0;
-  double newest_pct_ = std::numeric_limits<double>::quiet_NaN();
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
@@ -349,7 +352,8 @@ GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_
       {measured ? sample.utilization_pct : nan,
        measured ? static_cast<double>(sample.memory_used_bytes) : nan,
        measured ? sample.power_w : nan, static_cast<double>(allocator_peak_bytes),
-       static_cast<double>(sample.samples)},
+       static_cast<double>(sample.samples),
+       measured && !std::isnan(sample.utilization_pct) ? 1.0 : 0.0},
       comm, "GPU figures");
   GpuSpread result;
   result.utilization_pct = spread[0];
@@ -357,16 +361,20 @@ GpuSpread gpu_spread_over_ranks(const GpuSample& sample, int64_t allocator_peak_
   result.power_w = spread[2];
   result.allocator_peak_bytes = spread[3];
   result.measured = spread[4].max > 0;
+  result.utilization_measured = spread[5].max > 0;
   return result;
 }
 
 std::string GpuSpread::describe() const {
+  char utilization[32] = "n/a";
+  if (utilization_measured)
+    std::snprintf(utilization, sizeof(utilization), "%.0f-%.0f%%", utilization_pct.min,
+                  utilization_pct.max);
   char text[256];
   const int allocator_at = measured
-      ? std::snprintf(text, sizeof(text), "GPU util %.0f-%.0f%%, mem %.1f-%.1f GB, power %.0f-%.0f W, ",
-                      utilization_pct.min, utilization_pct.max,
-                      memory_used_bytes.min / kBytesPerGB, memory_used_bytes.max / kBytesPerGB,
-                      power_w.min, power_w.max)
+      ? std::snprintf(text, sizeof(text), "GPU util %s, mem %.1f-%.1f GB, power %.0f-%.0f W, ",
+                      utilization, memory_used_bytes.min / kBytesPerGB,
+                      memory_used_bytes.max / kBytesPerGB, power_w.min, power_w.max)
       : 0;
   std::snprintf(text + allocator_at, sizeof(text) - allocator_at, "peak alloc %.1f-%.1f GB",
                 allocator_peak_bytes.min / kBytesPerGB, allocator_peak_bytes.max / kBytesPerGB);
@@ -375,8 +383,11 @@ std::string GpuSpread::describe() const {
 
 nlohmann::json GpuSpread::to_json() const {
   const auto nvml = [this](double value) { return measured ? nlohmann::json(value) : nlohmann::json(); };
-  return {{"gpu_util_pct_min", nvml(utilization_pct.min)},
-          {"gpu_util_pct_max", nvml(utilization_pct.max)},
+  const auto utilization = [this](double value) {
+    return utilization_measured ? nlohmann::json(value) : nlohmann::json();
+  };
+  return {{"gpu_util_pct_min", utilization(utilization_pct.min)},
+          {"gpu_util_pct_max", utilization(utilization_pct.max)},
           {"gpu_mem_used_bytes_min", nvml(memory_used_bytes.min)},
           {"gpu_mem_used_bytes_max", nvml(memory_used_bytes.max)},
           {"gpu_power_w_min", nvml(power_w.min)},

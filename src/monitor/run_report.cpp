@@ -39,6 +39,10 @@ nlohmann::json TrainSummary::to_json() const {
           {"resumed_from", resumed_from},
           {"last_checkpoint", last_checkpoint},
           {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
+          {"data_store",
+           {{"kind", data_store},
+            {"read_bytes_per_rank", data_store_read_bytes_per_rank},
+            {"exchange_ms_per_step", data_store_exchange_ms_per_step}}},
           {"step_breakdown", breakdown.to_json()}};
   summary.update(storage_reads.to_json());
   return summary;

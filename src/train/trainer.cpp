@@ -13,6 +13,7 @@
 #include "hpc_train/data/device_input.h"
 #include "hpc_train/data/epoch_batches.h"
 #include "hpc_train/data/epoch_plan.h"
+#include "hpc_train/data/sample_store.h"
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
 #include "hpc_train/model/flat_parameters.h"
@@ -26,6 +27,8 @@
 #include "hpc_train/monitor/run_report.h"
 #include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/train/step_graph.h"
+#include "hpc_train/runtime/cuda_profiler.h"
+#include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/training_state.h"
 #include "hpc_train/optim/zero_optimizer.h"
@@ -40,8 +43,6 @@ constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
 // bucket layout, and LibTorch initialises its libraries' handles and workspaces in the first
 // few (as torch.cuda.graphs asks for warm-up iterations).
 constexpr int64_t kEagerStepsBeforeCapture = 3;
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // Note [Storage reads per epoch]: each rank's /proc/self/io counters are taken where the first
 // epoch starts and at every epoch's end, and the differences gathered at rank 0, as the GPU's
@@ -87,6 +88,7 @@ struct Trainer::Impl {
   std::optional<RunCheckpoints> checkpoints;
   std::optional<DeviceInput> train_input;
   std::optional<Evaluator> evaluator;
+  std::optional<SampleStore> store;  // --data-store memory (sample_store.h)
   bool train_split_resident = false;
   torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
   bool channels_last = false;        // inputs in NHWC (cuDNN's fast layout on tensor cores)
@@ -116,9 +118,16 @@ struct Trainer::Impl {
     const DatasetInfo& info = dataset.info();
     torch::manual_seed(config.seed);
     model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
-    if (!config.init_weights.empty()) load_init_weights();
+    // --init-weights on every rank, before the broadcast, which then only confirms what every
+    // rank read.
+    if (!config.init_weights.empty()) {
+      const WeightsMatch match = load_initial_weights(
+          config.init_weights, config.init_weights_partial, *model, config.model);
+      reporter.say("%s\n", describe_weights_loaded(match, config.init_weights).c_str());
+    }
     model->to(device, dtype);
-    check_model_runs_in_dtype(info);
+    check_runs_in(*model, {info.channels, info.height, info.width, info.num_classes}, device,
+                  dtype, to_string(config.precision), config.model);
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
@@ -139,9 +148,11 @@ struct Trainer::Impl {
                         config.seed, comm.rank(), config.micro_batch);
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       config.prefetch_batches, comm);
+    if (config.data_store == DataStore::kMemory) open_store();
+    // Note [Store and resident data] (config.cpp): with a store, auto keeps nothing resident.
     const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
     train_split_resident = config.resident_data == Switch::kOn ||
-                           (config.resident_data == Switch::kAuto && placement.cuda &&
+                           (config.resident_data == Switch::kAuto && placement.cuda && !store &&
                             resident_bytes <= kAutoResidentBytes);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     if (placement.cuda) {
@@ -156,42 +167,6 @@ struct Trainer::Impl {
                         "backend and --grad-accum 1; use --cuda-graph auto or off");
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
-  }
-
-  // --init-weights, on every rank (initial_weights.h): before the broadcast, which then only
-  // confirms what every rank read.
-  void load_init_weights() {
-    const WeightsMatch match = load_initial_weights(
-        config.init_weights, config.init_weights_partial, *model, config.model);
-    const size_t model_tensors =
-        match.matched.size() + match.missing.size() + match.mismatched.size();
-    if (match.complete()) {
-      reporter.say("Initial weights: all %zu tensors from %s\n", model_tensors,
-                   config.init_weights.c_str());
-      return;
-    }
-    // Every tensor left is listed: what a fine-tuning run keeps of its own initialisation.
-    reporter.say("Initial weights: %zu of the model's %zu tensors from %s (partial); left: %s\n",
-                 match.matched.size(), model_tensors, config.init_weights.c_str(),
-                 describe_unmatched(match, SIZE_MAX).c_str());
-  }
-
-  // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution
-  // on the CPU): one tiny forward finds out before training, with a message that says what to
-  // do instead of a LibTorch backtrace from the first step.
-  void check_model_runs_in_dtype(const DatasetInfo& info) {
-    if (dtype == torch::kFloat) return;
-    torch::NoGradGuard no_grad;
-    model->eval();
-    try {
-      model->forward(torch::zeros({1, info.channels, info.height, info.width},
-                                  torch::TensorOptions().dtype(dtype).device(device)));
-    } catch (const c10::Error& e) {
-      throw ConfigError("--precision " + to_string(config.precision) + ": " + config.model +
-                        " cannot run in " + to_string(config.precision) + " here (" +
-                        first_line(e.what_without_backtrace()) +
-                        "); use --precision bf16 or fp32 on the CPU, fp16 on a GPU");
-    }
   }
 
   // Returns the losses summed since the last call and starts a new sum (waits for the device).
@@ -356,6 +331,31 @@ struct Trainer::Impl {
             config.grad_accum};
   }
 
+  // Reads this rank's share of the train split (Note [Read-once sample store]).
+  void open_store() {
+    Stopwatch read;
+    store.emplace(dataset, comm,
+                  config.data_store_limit_mb > 0 ? config.data_store_limit_mb << 20
+                                                 : default_store_limit_bytes(comm.mpi_comm()));
+    reporter.say("Data store: rank 0 read train samples [%lld, %lld) into memory, %s, in %.2f s\n",
+                 static_cast<long long>(store->owned().begin),
+                 static_cast<long long>(store->owned().begin + store->owned().count),
+                 memory_text(static_cast<double>(store->read_bytes())).c_str(),
+                 read.elapsed_ms() / 1e3);
+  }
+
+  // What the store did over `steps` optimizer steps of this run: every rank's bytes read, and
+  // the slowest rank's exchange time per step. Collective.
+  void report_store(TrainSummary& summary, int64_t steps) {
+    summary.data_store_read_bytes_per_rank =
+        comm.gather_count(store->read_bytes(), 0, "data store read bytes");
+    summary.data_store_exchange_ms_per_step =
+        comm.all_reduce_scalar(store->exchange_ms(), ReduceOp::kMax, "data store exchange ms") /
+        static_cast<double>(std::max<int64_t>(1, steps));
+    reporter.say("Data store: exchanges took %.3f ms per step (the slowest rank's mean)\n",
+                 summary.data_store_exchange_ms_per_step);
+  }
+
   TrainSummary run() {
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
@@ -379,6 +379,7 @@ struct Trainer::Impl {
     summary.global_batch =
         static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
     summary.resumed_from = resumed_from;
+    summary.data_store = to_string(config.data_store);
     reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
                         comm.size(), summary.placement, info.train_size, steps_per_epoch,
                         config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
@@ -391,6 +392,8 @@ struct Trainer::Impl {
     // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
+    CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
+                                     placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
     // Note [Storage reads per epoch]
     const std::optional<StorageReadBytes> reads_at_start = process_storage_reads();
@@ -407,10 +410,13 @@ struct Trainer::Impl {
       // the augmentation draws, which follow a batch's place in the epoch).
       const int64_t consumed_micro_steps = first_position / global_micro_batch;
       EpochBatches batches(*train_input, dataset,
-                           rank_epoch_indices(config.seed, epoch, info.train_size, comm.size(),
-                                              comm.rank(), tail, /*shuffle=*/true, first_position),
+                           store ? store->start_epoch(config.seed, epoch, tail, first_position)
+                                 : rank_epoch_indices(config.seed, epoch, info.train_size,
+                                                      comm.size(), comm.rank(), tail,
+                                                      /*shuffle=*/true, first_position),
                            config.micro_batch, config.prefetch_batches, epoch,
-                           consumed_micro_steps, train_split_resident);
+                           consumed_micro_steps, train_split_resident,
+                           store ? &*store : nullptr);
       const int64_t epoch_end_micro_steps = consumed_micro_steps + batches.batches();
       IntervalTimes times;
       double epoch_loss_sum = 0.0;
@@ -428,6 +434,7 @@ struct Trainer::Impl {
         if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
         ++micro_step;
         const bool sync = ++micro_steps_since_update == config.grad_accum;
+        if (micro_steps_since_update == 1) profiler_range.step_begins(global_step + 1);
         // Captured steps need the final bucket layout, warmed-up libraries and full batches.
         const bool replayed = use_step_graph && sync && buckets_rebuilt &&
                               batch_size == config.micro_batch &&
@@ -448,6 +455,7 @@ struct Trainer::Impl {
         micro_steps_since_update = 0;
         ++global_step;
         ++times.steps;
+        profiler_range.step_ended(global_step);
         if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
         at = step_position(epoch, step_in_epoch, steps_per_epoch, global_step);
@@ -537,6 +545,7 @@ struct Trainer::Impl {
       summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;
       summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
     }
+    if (store) report_store(summary, global_step - start.global_step);
     if (placement.cuda) {
       summary.peak_allocated_bytes_per_rank =
           comm.gather_count(allocator_peak_bytes(placement.cuda_device), 0, "peak allocated bytes");
@@ -579,15 +588,8 @@ MemoryBytes Trainer::memory() const { return impl_->memory(); }
 
 std::vector<std::pair<std::string, double>> Trainer::last_reducer_events() const {
   std::vector<std::pair<std::string, double>> events;
-  for (const ReducerEvent& e : impl_->reducer->events()) {
-    switch (e.kind) {
-      case ReducerEvent::Kind::kCollectiveStarted:
-        events.emplace_back("bucket " + std::to_string(e.bucket) + " started", e.time_ms);
-        break;
-      case ReducerEvent::Kind::kBackwardEnded: events.emplace_back("backward ended", e.time_ms); break;
-      case ReducerEvent::Kind::kAllDone: events.emplace_back("all done", e.time_ms); break;
-    }
-  }
+  for (const ReducerEvent& e : impl_->reducer->events())
+    events.emplace_back(e.describe(), e.time_ms);
   return events;
 }
 

@@ -197,6 +197,12 @@ class Communicator {
   void broadcast_ints(std::vector<int>& values, int root, const std::string& label = {});
   // Root's `value` to every rank (any length; the others' `value` is not read).
   std::string broadcast_string(const std::string& value, int root, const std::string& label = {});
+  // Bytes from every rank to every rank (MPI_Alltoallv): `send` holds the bytes for rank 0, then
+  // rank 1, ... (send_bytes[r] each); `recv` receives rank 0's, then rank 1's, ...
+  // (recv_bytes[r] each). Both count vectors have size() entries; every count fits an int.
+  void all_to_all_bytes(const uint8_t* send, const std::vector<int64_t>& send_bytes,
+                        uint8_t* recv, const std::vector<int64_t>& recv_bytes,
+                        const std::string& label = {});
 
  private:
   MPI_Comm comm_;

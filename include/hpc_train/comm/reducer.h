@@ -41,6 +41,8 @@ struct ReducerEvent {
   Kind kind;
   int bucket = -1;
   double time_ms = 0.0;
+
+  std::string describe() const;  // "bucket 2 started", "backward ended", "all done"
 };
 
 class Reducer {

@@ -24,6 +24,10 @@ struct TrainConfig {
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
   Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
   Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
+  DataStore data_store = DataStore::kFile;  // --data-store file|memory (sample_store.h)
+  // --data-store-limit-mb: host memory (MiB) a rank's share of a memory store may take;
+  // 0 = the node's MemAvailable divided by its ranks
+  int64_t data_store_limit_mb = 0;
 
   // [model]
   // --model: a name from the model registry, or a TorchScript file (a path ending in .pt or
@@ -80,6 +84,10 @@ struct TrainConfig {
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
   // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
   bool deterministic = false;
+  // --cuda-profiler-start-step N, --cuda-profiler-steps K: steps N .. N+K-1 run between
+  // cudaProfilerStart and cudaProfilerStop (cuda_profiler.h); 0 = never
+  int64_t cuda_profiler_start_step = 0;
+  int64_t cuda_profiler_steps = 1;
 
   // [checkpoint]
   int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only

@@ -31,6 +31,9 @@ enum class DeviceChoice { kAuto, kCuda, kCpu };
 enum class BackendChoice { kAuto, kNccl, kMpi, kNone };
 // --progress: a bar when stdout is a terminal (auto), or always one of the two.
 enum class ProgressStyle { kAuto, kBar, kLines };
+// --data-store: the train split read from the dataset for every batch (file), or read once into
+// host memory and exchanged between the ranks (memory; sample_store.h).
+enum class DataStore { kFile, kMemory };
 
 template <class Choice>
 struct ChoiceName {
@@ -86,6 +89,11 @@ struct ChoiceNames<ProgressStyle> {
   static constexpr ChoiceName<ProgressStyle> kTable[] = {{ProgressStyle::kAuto, "auto"},
                                                          {ProgressStyle::kBar, "bar"},
                                                          {ProgressStyle::kLines, "lines"}};
+};
+template <>
+struct ChoiceNames<DataStore> {
+  static constexpr ChoiceName<DataStore> kTable[] = {{DataStore::kFile, "file"},
+                                                     {DataStore::kMemory, "memory"}};
 };
 
 // Whether T is one of the enums above (it has a table).

@@ -35,6 +35,13 @@ std::vector<int64_t> rank_epoch_indices(uint64_t seed, int64_t epoch, int64_t da
                                         int world_size, int rank, EpochTail tail, bool shuffle,
                                         int64_t first_position = 0);
 
+// rank_epoch_indices of every rank (element r is rank r's), from one permutation: what the
+// owners of a memory store send is decided from every rank's plan (sample_store.h).
+std::vector<std::vector<int64_t>> every_rank_epoch_indices(uint64_t seed, int64_t epoch,
+                                                           int64_t dataset_size, int world_size,
+                                                           EpochTail tail, bool shuffle,
+                                                           int64_t first_position = 0);
+
 // Batches of `batch_size` out of `count` samples, the last one partial (DataLoader's default).
 int64_t batches_per_epoch(int64_t count, int64_t batch_size);
 

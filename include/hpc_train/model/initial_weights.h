@@ -53,6 +53,11 @@ WeightsMatch match_weights(const std::vector<NamedShape>& file,
 // (then "and N more").
 std::string describe_unmatched(const WeightsMatch& match, size_t max_listed = 8);
 
+// The log line of a load from `path`: "Initial weights: all 8 tensors from FILE", or for a
+// partial load how many matched and every tensor left (what a fine-tuning run keeps of its own
+// initialisation).
+std::string describe_weights_loaded(const WeightsMatch& match, const std::string& path);
+
 // Copies the tensors of the safetensors file `path` into `model`'s parameters and buffers
 // (without recording gradients). `partial`: --init-weights-partial; `model_name`: how messages
 // name the model (--model as given). Throws DataError naming the file, before anything is

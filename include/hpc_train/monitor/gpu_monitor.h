@@ -29,8 +29,9 @@ constexpr double kDefaultGpuSampleIntervalMs = 200.0;
 
 // What NVML saw on one GPU over an interval.
 struct GpuSample {
-  double utilization_pct = 0.0;   // NVML's "GPU busy" percentage over the interval (Note
-                                  // [Utilisation over the interval] in gpu_monitor.cpp)
+  double utilization_pct = 0.0;   // NVML's "GPU busy" percentage over the interval; NaN when
+                                  // no driver sample covers it yet (Note [Utilisation over
+                                  // the interval] in gpu_monitor.cpp)
   int64_t memory_used_bytes = 0;  // max; the whole device, every process on it
   double power_w = 0.0;           // mean board power
   int64_t samples = 0;            // 0: nothing was measured (no NVML, no GPU, a CPU rank)
@@ -89,8 +90,10 @@ struct GpuSpread {
   MinMax power_w;
   MinMax allocator_peak_bytes;
   bool measured = false;  // some rank had NVML samples
+  bool utilization_measured = false;  // and some rank's utilisation covers the interval
 
-  // "GPU util 92-97%, mem 3.1-3.2 GB, power 310-330 W, peak alloc 1.2-1.2 GB"
+  // "GPU util 92-97%, mem 3.1-3.2 GB, power 310-330 W, peak alloc 1.2-1.2 GB" ("GPU util n/a"
+  // for an interval shorter than the driver's utilisation sample period)
   std::string describe() const;
   // gpu_util_pct_min/_max, gpu_mem_used_bytes_min/_max, gpu_power_w_min/_max,
   // gpu_alloc_peak_bytes_min/_max

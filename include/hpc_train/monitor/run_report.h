@@ -77,6 +77,11 @@ struct TrainSummary {
   std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
   std::string last_checkpoint;    // the last checkpoint written; empty = none
   int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
+  std::string data_store = "file";  // --data-store
+  // --data-store memory: the bytes each rank read from the dataset into its store, by rank, and
+  // the slowest rank's time in the store's exchanges per optimizer step of this run.
+  std::vector<int64_t> data_store_read_bytes_per_rank;
+  double data_store_exchange_ms_per_step = 0.0;
   nlohmann::json to_json() const;
 };
 

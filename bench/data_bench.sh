@@ -10,7 +10,9 @@
 #   in the same run with dd iflag=direct over 2 GiB of the file.
 # The page cache must not make the numbers lie: the file is larger than memory, the caches are
 # dropped before each measurement (as root; otherwise the script says so), and the libraries are
-# loaded once before each run so that their pages are not counted.
+# loaded once before each run so that their pages are not counted. The two runs read the same
+# samples (same seed): on a virtual disk that the host caches, the second one may be served
+# faster from below the guest, so compare their bytes read; their rates only in both orders.
 #   bench/data_bench.sh BUILD_DIR [BASELINE_BUILD_DIR]
 # BASELINE_BUILD_DIR: a build (its hpc_train) of the version to compare with; both are run on the
 # same file. SIZE_GB (default 1.5 x RAM) sets the dataset's size, STEPS (300) and MICRO_BATCH (32)

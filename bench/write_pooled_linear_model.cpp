@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   const int64_t channels = std::stoll(argv[2]);
   const int64_t classes = std::stoll(argv[3]);
   torch::jit::Module model("PooledLinear");
-  model.register_parameter("weight", (torch::randn({classes, channels}) * 0.01).requires_grad_(), false);
+  model.register_parameter("weight",
+                           (torch::randn({classes, channels}) * 0.01).requires_grad_(), false);
   model.register_parameter("bias", torch::zeros({classes}).requires_grad_(), false);
   model.define(R"(
 def forward(self, x):

@@ -735,7 +735,8 @@ TEST_F(DatasetFileTest, ASampleReadReadsOnlyItsBytes) {
     file.read_samples(Split::kTrain, {20}, image.data(), &label_read);
     const std::optional<StorageReadBytes> before = process_storage_reads();
     file.read_samples(Split::kTrain, {1}, image.data(), &label_read);
-    const std::optional<StorageReadBytes> read = storage_reads_between(before, process_storage_reads());
+    const std::optional<StorageReadBytes> read =
+        storage_reads_between(before, process_storage_reads());
     ASSERT_TRUE(read) << "/proc/self/io is not readable here";
     // Reading /proc/self/io itself goes through read() too: a page's worth of slack.
     EXPECT_GE(read->syscall_read_bytes, sample_bytes);

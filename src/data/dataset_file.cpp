@@ -103,14 +103,15 @@ struct SplitDatasets {
 // on 3x224x224 samples (bench/data_bench.sh, 8 MiB readahead): 1.10 bytes fetched from the disk
 // per byte of samples delivered from a file of 1.5x memory, 1.35 from one of 0.12x (more of
 // whose pages are cached), against 1.05 and 1.03 read so (a sample's pages, prefetched batches
-// and evaluation included). POSIX_FADV_RANDOM turns readahead off, but only for one file description,
-// and the MPI-IO driver keeps its own to itself. So where the chunks hold whole samples
-// unfiltered (every file the converters wrote, any number of samples a chunk), the samples are
-// read with pread from the file's own descriptor, advised random, at their chunk's address
-// (H5Dget_chunk_info_by_coord, HDF5 >= 1.10.5) plus their offset in it: one read a run (split
-// where its chunks are not adjacent in the file), the same bytes HDF5 would ask for, without the
-// HDF5 lock. Other layouts (compressed, chunks of part of a sample, contiguous) and chunks never
-// written go through H5Dread.
+// and evaluation included). POSIX_FADV_RANDOM turns readahead off, but only for one file
+// description, and the MPI-IO driver keeps its own to itself. So where the chunks hold whole
+// samples unfiltered (every file the converters wrote, any number of samples a chunk), the
+// samples are read with pread from the file's own descriptor, advised random, at their chunk's
+// address (H5Dget_chunk_info_by_coord, HDF5 >= 1.10.5) plus their offset in it: one read a run
+// (split where its chunks are not adjacent in the file), the same bytes HDF5 would ask for,
+// without the HDF5 lock. Other layouts (compressed, chunks of part of a sample, contiguous) and
+// chunks never written go through H5Dread. Measured throughput does not settle whether this is
+// faster on the development machine's virtual disk (bench/results-data-cpu-2026-12-04.txt).
 #if H5_VERSION_GE(1, 10, 5)
 constexpr bool kDirectChunkReads = true;
 #else

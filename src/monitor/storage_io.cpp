@@ -39,8 +39,8 @@ std::optional<StorageReadBytes> process_storage_reads() {
   return parse_proc_io(text.str());
 }
 
-std::optional<StorageReadBytes> storage_reads_between(const std::optional<StorageReadBytes>& before,
-                                                      const std::optional<StorageReadBytes>& after) {
+std::optional<StorageReadBytes> storage_reads_between(
+    const std::optional<StorageReadBytes>& before, const std::optional<StorageReadBytes>& after) {
   if (!before || !after) return std::nullopt;
   return StorageReadBytes{after->storage_read_bytes - before->storage_read_bytes,
                           after->syscall_read_bytes - before->syscall_read_bytes};
@@ -49,7 +49,8 @@ std::optional<StorageReadBytes> storage_reads_between(const std::optional<Storag
 nlohmann::json StorageReadsByRank::to_json() const {
   auto per_rank = [](const std::vector<int64_t>& values) {
     nlohmann::json list = nlohmann::json::array();
-    for (int64_t value : values) list.push_back(value < 0 ? nlohmann::json() : nlohmann::json(value));
+    for (int64_t value : values)
+      list.push_back(value < 0 ? nlohmann::json() : nlohmann::json(value));
     return list;
   };
   return {{"storage_read_bytes_per_rank", per_rank(storage_read_bytes)},

@@ -510,8 +510,8 @@ struct Trainer::Impl {
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
       ended.loader_wait_s = batches.loader_wait_ms() / 1e3;
       const std::optional<StorageReadBytes> reads_at_epoch_end = process_storage_reads();
-      ended.storage_reads =
-          gather_storage_reads(storage_reads_between(reads_at_epoch_start, reads_at_epoch_end), comm);
+      ended.storage_reads = gather_storage_reads(
+          storage_reads_between(reads_at_epoch_start, reads_at_epoch_end), comm);
       reads_at_epoch_start = reads_at_epoch_end;
       ended.skipped_steps = report.skipped_steps;
       ended.loss_scale = report.loss_scale;

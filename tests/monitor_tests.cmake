@@ -44,3 +44,8 @@ hpc_train_add_script_test(NAME test_report SCRIPT test_report.sh TIMEOUT 400)
 set_tests_properties(test_report PROPERTIES SKIP_RETURN_CODE 77)
 set_property(TEST test_report APPEND PROPERTY ENVIRONMENT
              "HPC_TRAIN_REPORT=${PROJECT_BINARY_DIR}/hpc_train_report")
+
+# The /proc/self/io counters behind the storage read figures (parsing, unknown, JSON);
+# test_end_to_end checks a real run's figures.
+hpc_train_add_test(NAME test_storage_io SOURCES test_storage_io.cpp RANKS 1 LIBS hpc_train_core
+                   TIMEOUT 60)

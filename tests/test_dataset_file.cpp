@@ -25,6 +25,7 @@
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/runtime/runtime.h"
 #include "file_accesses.h"
 #include "mpi_world.h"
@@ -66,6 +67,17 @@ DatasetContents make_contents() {
       for (int64_t i = 0; i < kSampleBytes; ++i) images.push_back(pixel(split, s, i));
     }
   }
+  return c;
+}
+
+// Contents of two classes "a" and "b" and images of C x H x W, no samples yet.
+DatasetContents two_classes(int64_t channels, int64_t height, int64_t width) {
+  DatasetContents c;
+  c.info.num_classes = 2;
+  c.info.class_names = {"a", "b"};
+  c.info.channels = channels;
+  c.info.height = height;
+  c.info.width = width;
   return c;
 }
 
@@ -253,12 +265,7 @@ TEST_F(DatasetFileTest, RoundTripExactBytes) {
 TEST_F(DatasetFileTest, MeanStdClosedForm) {
   const std::string out = path("mean_std.h5");
   if (world_rank() == 0) {
-    DatasetContents c;
-    c.info.num_classes = 2;
-    c.info.class_names = {"a", "b"};
-    c.info.channels = 2;
-    c.info.height = 1;
-    c.info.width = 2;
+    DatasetContents c = two_classes(2, 1, 2);
     for (int s = 0; s < 4; ++s) {
       c.train_images.insert(c.train_images.end(), {0, 255, static_cast<uint8_t>(51 * s),
                                                    static_cast<uint8_t>(51 * s)});
@@ -701,6 +708,41 @@ TEST_F(DatasetFileTest, OpenRejectsLabelsTheFileDoesNotHold) {
     expect_data_error([&] { DatasetFile::open(unwritten, access, MPI_COMM_WORLD); },
                       {"unwritten_labels.h5: /train/labels declares 37 labels",
                        "the file does not hold them all"});
+  }
+}
+
+// Note [Reading only the samples]: a sample read asks the file system for its own bytes, not
+// for the rest of its chunk. Samples of 3x32x32 (3 KiB), 16 to a chunk (48 KiB): a chunk cache
+// would read the whole chunk for one sample. The bytes asked for are read calls' (rchar),
+// independent of what the page cache holds; with MPI-IO too.
+TEST_F(DatasetFileTest, ASampleReadReadsOnlyItsBytes) {
+  DatasetContents contents = two_classes(3, 32, 32);
+  const int64_t sample_bytes = contents.info.sample_bytes();
+  for (int64_t s = 0; s < 32; ++s) {
+    contents.train_labels.push_back(s % 2);
+    for (int64_t i = 0; i < sample_bytes; ++i)
+      contents.train_images.push_back(static_cast<uint8_t>(s + i));
+  }
+  const std::string cifar_shaped = path("cifar_shaped.h5");
+  if (world_rank() == 0) write_dataset_file(cifar_shaped, contents);
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    const DatasetFile file = DatasetFile::open(cifar_shaped, access, MPI_COMM_WORLD);
+    std::vector<uint8_t> image(static_cast<size_t>(sample_bytes));
+    int64_t label_read = 0;
+    // The first read of a chunk may read its index (metadata): read chunk 1 first.
+    file.read_samples(Split::kTrain, {20}, image.data(), &label_read);
+    const std::optional<StorageReadBytes> before = process_storage_reads();
+    file.read_samples(Split::kTrain, {1}, image.data(), &label_read);
+    const std::optional<StorageReadBytes> read =
+        storage_reads_between(before, process_storage_reads());
+    ASSERT_TRUE(read) << "/proc/self/io is not readable here";
+    // Reading /proc/self/io itself goes through read() too: a page's worth of slack.
+    EXPECT_GE(read->syscall_read_bytes, sample_bytes);
+    EXPECT_LE(read->syscall_read_bytes, sample_bytes + 4096);
+    EXPECT_EQ(image[0], 1);
+    EXPECT_EQ(image[static_cast<size_t>(sample_bytes) - 1], static_cast<uint8_t>(sample_bytes));
   }
 }
 

@@ -44,6 +44,14 @@ assert all(startup[p] >= 0 for p in phases), startup
 assert abs(sum(startup[p] for p in phases) - startup["total_s"]) < 1e-9, startup
 kinds = [r["kind"] for r in records]
 assert kinds.count("train") == 5 and kinds.count("epoch") == 1, kinds
+# Note [Storage reads per epoch]: per rank, the epoch's and the run's; every rank read its
+# third of the 2,000 train images (784 bytes each) through read calls at least.
+epoch = next(r for r in records if r["kind"] == "epoch")
+for where in (epoch, summary):
+    syscall, storage = where["syscall_read_bytes_per_rank"], where["storage_read_bytes_per_rank"]
+    assert len(syscall) == 3 and len(storage) == 3, where
+    assert all(b is not None and b >= 666 * 784 for b in syscall), syscall
+    assert all(b is not None and b >= 0 for b in storage), storage
 # Note [ETA]: the steps left in the epoch times the interval's step time.
 for r in records:
     if r["kind"] != "train":

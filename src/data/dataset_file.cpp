@@ -1,8 +1,10 @@
 #include "hpc_train/data/dataset_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "io/hdf5_util.h"
 #include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/io/atomic_file.h"
+#include "hpc_train/io/file_descriptor.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
 
@@ -83,7 +86,50 @@ struct SplitDatasets {
   h5::Dataset images;
   std::vector<int64_t> labels;  // Note [Labels read at open]
   int64_t size = 0;
+  // Note [Reading only the samples]: samples per chunk where the images can be read directly
+  // (chunks of whole samples, unfiltered), else 0. Each chunk's file address, looked up when
+  // first needed (0: not yet; HADDR_UNDEF: never written, read through HDF5 as fill values).
+  hsize_t direct_chunk_samples = 0;
+  mutable std::vector<haddr_t> chunk_addresses;
 };
+
+// Note [Reading only the samples]: a training read is one sample, or a short run of consecutive
+// ones, at a random place in a file that may be larger than memory, so every byte fetched beyond
+// it is waste. HDF5 itself reads exactly the selection of an uncached, unfiltered chunk (the
+// chunk cache is off: open_split; tests/test_dataset_file.cpp checks the bytes asked for). The
+// waste is below it: the kernel's readahead reads on beyond a read when the pages before it are
+// cached, taking a random read for part of a sequential one, up to the device's read_ahead_kb
+// (128 KiB by default, MiBs on some virtual disks) a read. Measured with 3 ranks through MPI-IO
+// on 3x224x224 samples (bench/data_bench.sh, 8 MiB readahead): 1.10 bytes fetched from the disk
+// per byte of samples delivered from a file of 1.5x memory, 1.35 from one of 0.12x (more of
+// whose pages are cached), against 1.05 and 1.03 read so (a sample's pages, prefetched batches
+// and evaluation included). POSIX_FADV_RANDOM turns readahead off, but only for one file
+// description, and the MPI-IO driver keeps its own to itself. So where the chunks hold whole
+// samples unfiltered (every file the converters wrote, any number of samples a chunk), the
+// samples are read with pread from the file's own descriptor, advised random, at their chunk's
+// address (H5Dget_chunk_info_by_coord, HDF5 >= 1.10.5) plus their offset in it: one read a run
+// (split where its chunks are not adjacent in the file), the same bytes HDF5 would ask for,
+// without the HDF5 lock. Other layouts (compressed, chunks of part of a sample, contiguous) and
+// chunks never written go through H5Dread. Measured throughput does not settle whether this is
+// faster on the development machine's virtual disk (bench/results-data-cpu-2026-12-04.txt).
+#if H5_VERSION_GE(1, 10, 5)
+constexpr bool kDirectChunkReads = true;
+#else
+constexpr bool kDirectChunkReads = false;
+#endif
+
+// Samples per chunk when `images` ([N, C, H, W]) is read directly, else 0.
+hsize_t direct_chunk_samples(hid_t images, const std::vector<hsize_t>& image_dims) {
+  if (!kDirectChunkReads || image_dims[0] == 0) return 0;
+  h5::PropertyList layout(H5_CHECK(H5Dget_create_plist(images)));
+  if (H5_CHECK(H5Pget_layout(layout.get())) != H5D_CHUNKED) return 0;
+  if (H5_CHECK(H5Pget_nfilters(layout.get())) != 0) return 0;
+  hsize_t chunk[4] = {};
+  if (H5_CHECK(H5Pget_chunk(layout.get(), 4, chunk)) != 4) return 0;
+  for (int d = 1; d < 4; ++d)
+    if (chunk[d] != image_dims[d]) return 0;
+  return chunk[0];
+}
 
 std::vector<hsize_t> dataset_dims(hid_t dataset) {
   h5::Dataspace space(H5_CHECK(H5Dget_space(dataset)));
@@ -192,6 +238,11 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
       throw DataError(path + ": " + group + "/labels[" + std::to_string(i) + "] = " +
                       std::to_string(d.labels[i]) + " is outside [0, " +
                       std::to_string(info.num_classes) + ")");
+  // After the labels' checks, which bound the split's size by what the file holds.
+  d.direct_chunk_samples = direct_chunk_samples(d.images.get(), image_dims);
+  if (d.direct_chunk_samples > 0)
+    d.chunk_addresses.assign((image_dims[0] + d.direct_chunk_samples - 1) / d.direct_chunk_samples,
+                             0);
   return d;
 }
 
@@ -517,9 +568,77 @@ struct OpenFile {
   h5::File file;
   SplitDatasets train;
   SplitDatasets test;
+  FileDescriptor samples;  // Note [Reading only the samples]: where a split is read directly
 
   const SplitDatasets& split(Split s) const { return s == Split::kTrain ? train : test; }
 };
+
+// A read of a run of samples' bytes at `offset` of a file, done outside the HDF5 lock.
+struct DirectRead {
+  const OpenFile* file;
+  off_t offset;
+  size_t bytes;
+  uint8_t* out;
+};
+
+// The file address of chunk `chunk` of `images` (lock held).
+haddr_t chunk_address(const SplitDatasets& images, hsize_t chunk) {
+  haddr_t& address = images.chunk_addresses[chunk];
+  if (address == 0) {
+    hsize_t offset[4] = {chunk * images.direct_chunk_samples, 0, 0, 0};
+    unsigned filter_mask = 0;
+    hsize_t bytes = 0;
+    H5_CHECK(H5Dget_chunk_info_by_coord(images.images.get(), offset, &filter_mask, &address,
+                                        &bytes));
+  }
+  return address;
+}
+
+// The runs' images of `split` into `out`, in increasing index order (lock held): through
+// H5Dread now where the split is not read directly, else as DirectReads added to `direct`, one
+// per run, or per run within a chunk where the next chunk is elsewhere in the file (Note
+// [Reading only the samples]).
+void plan_image_runs(const OpenFile& file, Split split,
+                     const std::vector<std::pair<hsize_t, hsize_t>>& runs, size_t sample_bytes,
+                     uint8_t* out, std::vector<DirectRead>& direct) {
+  const SplitDatasets& images = file.split(split);
+  const hsize_t per_chunk = images.direct_chunk_samples;
+  if (per_chunk == 0) return read_image_runs(images.images.get(), runs, sample_bytes, out);
+  for (auto [index, left] : runs) {
+    while (left > 0) {
+      const hsize_t chunk = index / per_chunk;
+      const hsize_t samples = std::min(left, (chunk + 1) * per_chunk - index);
+      const haddr_t address = chunk_address(images, chunk);
+      const off_t offset =
+          static_cast<off_t>(address + (index - chunk * per_chunk) * sample_bytes);
+      DirectRead* last = direct.empty() ? nullptr : &direct.back();
+      if (address == HADDR_UNDEF)
+        read_image_runs(images.images.get(), {{index, samples}}, sample_bytes, out);
+      else if (last && last->file == &file && last->out + last->bytes == out &&
+               last->offset + static_cast<off_t>(last->bytes) == offset)
+        last->bytes += samples * sample_bytes;  // a run on into the next chunk, adjacent on disk
+      else
+        direct.push_back({&file, offset, samples * sample_bytes, out});
+      out += samples * sample_bytes;
+      index += samples;
+      left -= samples;
+    }
+  }
+}
+
+void read_fully(const DirectRead& read, Split split) {
+  size_t done = 0;
+  while (done < read.bytes) {
+    const ssize_t got = ::pread(read.file->samples.get(), read.out + done, read.bytes - done,
+                                read.offset + static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw DataError(read.file->path + ": reading /" + split_name(split) + "/images at byte " +
+                      std::to_string(read.offset + static_cast<off_t>(done)) + ": " +
+                      (got < 0 ? std::strerror(errno) : "the file ends there (truncated?)"));
+    done += static_cast<size_t>(got);
+  }
+}
 
 // Opens and validates one file (DatasetFile::open's contract), its info in `info` (the sizes
 // set). Collective over `comm` with FileAccess::kMpiIo.
@@ -557,6 +676,13 @@ OpenFile open_file(const std::string& path, FileAccess access, MPI_Comm comm, Da
   info.train_size = opened.train.size;
   info.test_size = opened.test.size;
   if (info.train_size == 0) throw DataError(path + ": the train split is empty");
+  if (opened.train.direct_chunk_samples > 0 || opened.test.direct_chunk_samples > 0) {
+    opened.samples = FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (opened.samples.get() < 0)
+      throw DataError(path + ": cannot open for reading: " + std::strerror(errno));
+    // Advice, not a requirement: where it is refused, reads are as exact, readahead aside.
+    posix_fadvise(opened.samples.get(), 0, 0, POSIX_FADV_RANDOM);
+  }
   return opened;
 }
 
@@ -800,6 +926,7 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   const std::vector<int64_t>& first = d.first(split);
   const size_t sample_bytes = static_cast<size_t>(d.info.sample_bytes());
   std::vector<uint8_t> staged_images(sorted.size() * sample_bytes);
+  std::vector<DirectRead> direct;  // Note [Reading only the samples]
   {
     h5::Lock lock;  // Note [HDF5 lock]
     uint8_t* out = staged_images.data();
@@ -811,8 +938,7 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
       for (int64_t& index : local) index -= first[f];
       const OpenFile& file = d.files[f];
       try {
-        read_image_runs(file.split(split).images.get(), consecutive_runs(local), sample_bytes,
-                        out);
+        plan_image_runs(file, split, consecutive_runs(local), sample_bytes, out, direct);
       } catch (const DataError& e) {
         throw DataError(file.path + ": reading /" + split_name(split) + ": " + e.what());
       }
@@ -820,6 +946,7 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
       begin = end;
     }
   }
+  for (const DirectRead& read : direct) read_fully(read, split);
   for (size_t k = 0; k < indices.size(); ++k) {
     const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
     std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);

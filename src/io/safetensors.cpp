@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "hpc_train/io/atomic_file.h"
+#include "hpc_train/io/file_descriptor.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -77,22 +78,6 @@ bool is_valid_utf8(const std::string& text) {
     return false;
   }
 }
-
-// A file opened for reading, closed when it goes.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // --- writing ---
 

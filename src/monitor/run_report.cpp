@@ -12,7 +12,7 @@
 namespace hpc_train {
 
 nlohmann::json TrainSummary::to_json() const {
-  return {{"world_size", world_size},
+  nlohmann::json summary = {{"world_size", world_size},
           {"model", model},
           {"parameters", parameters},
           {"zero_stage", zero_stage},
@@ -46,6 +46,8 @@ nlohmann::json TrainSummary::to_json() const {
             {"read_bytes_per_rank", data_store_read_bytes_per_rank},
             {"exchange_ms_per_step", data_store_exchange_ms_per_step}}},
           {"step_breakdown", breakdown.to_json()}};
+  summary.update(storage_reads.to_json());
+  return summary;
 }
 
 nlohmann::json StepBreakdown::to_json() const {
@@ -277,7 +279,7 @@ void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
 
 void RunReporter::epoch(const EpochReport& r) {
   evaluation_s_ = std::max(0.0, r.wall_s - r.train_s);
-  metrics_.write({{"kind", "epoch"},
+  nlohmann::json record = {{"kind", "epoch"},
                   {"epoch", r.at.epoch + 1},
                   {"complete", r.complete},
                   {"steps", r.at.global_step},
@@ -289,7 +291,9 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"epoch_s", r.wall_s},
                   {"loader_wait_s", r.loader_wait_s},
                   {"skipped_steps", r.skipped_steps},
-                  {"loss_scale", r.loss_scale}});
+                  {"loss_scale", r.loss_scale}};
+  record.update(r.storage_reads.to_json());
+  metrics_.write(record);
   monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
       "(%lld/%lld)\n",
@@ -316,6 +320,23 @@ void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision
   summary.training_flops_per_sample = kTrainingFlopsPerForwardFlop * *forward_flops;
   summary.mfu = model_flops_utilization(summary.training_flops_per_sample, summary.samples_per_s,
                                         comm.size(), peak);
+}
+
+// Note [Storage reads per epoch]: each rank's /proc/self/io counters are taken where the first
+// epoch starts and at every epoch's end (the trainer), and the differences gathered at rank 0,
+// as the GPU's peak allocation is. They count the whole process over the span: the loader
+// thread's samples (with what it prefetched for the next steps), evaluation's test split,
+// checkpoints written and read back; and in bytes of pages, so a sample read cold costs its
+// bytes rounded up to pages.
+// A rank without the counters reports -1 (null in the JSON): unknown, which 0 would hide.
+StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& reads,
+                                        Communicator& comm) {
+  StorageReadsByRank by_rank;
+  by_rank.storage_read_bytes =
+      comm.gather_count(reads ? reads->storage_read_bytes : -1, 0, "storage read bytes");
+  by_rank.syscall_read_bytes =
+      comm.gather_count(reads ? reads->syscall_read_bytes : -1, 0, "read syscall bytes");
+  return by_rank;
 }
 
 }  // namespace hpc_train

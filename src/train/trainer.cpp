@@ -367,6 +367,9 @@ struct Trainer::Impl {
     CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
                                      placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
+    // Note [Storage reads per epoch] (run_report.cpp)
+    const std::optional<StorageReadBytes> reads_at_start = process_storage_reads();
+    std::optional<StorageReadBytes> reads_at_epoch_start = reads_at_start;
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
@@ -478,6 +481,10 @@ struct Trainer::Impl {
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
       ended.loader_wait_s = batches.loader_wait_ms() / 1e3;
+      const std::optional<StorageReadBytes> reads_at_epoch_end = process_storage_reads();
+      ended.storage_reads = gather_storage_reads(
+          storage_reads_between(reads_at_epoch_start, reads_at_epoch_end), comm);
+      reads_at_epoch_start = reads_at_epoch_end;
       ended.skipped_steps = report.skipped_steps;
       ended.loss_scale = report.loss_scale;
       reporter.epoch(ended);
@@ -502,6 +509,8 @@ struct Trainer::Impl {
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
+    summary.storage_reads = gather_storage_reads(
+        storage_reads_between(reads_at_start, process_storage_reads()), comm);
     add_throughput(summary, throughput, comm);
     if (store) report_store(summary, global_step - start.global_step);
     if (placement.cuda)

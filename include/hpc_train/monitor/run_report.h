@@ -15,6 +15,7 @@
 #include "hpc_train/monitor/gpu_monitor.h"
 #include "hpc_train/monitor/csv_monitor.h"
 #include "hpc_train/monitor/metrics.h"
+#include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/monitor/tensorboard_events.h"
 
 namespace hpc_train {
@@ -72,6 +73,7 @@ struct TrainSummary {
   double training_flops_per_sample = 0.0;  // GPU: 3 x the forward's (models.h)
   double mfu = 0.0;               // GPU: model FLOPs utilisation against the GPU's peak; 0 = unknown
   std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
+  StorageReadsByRank storage_reads;  // from the first epoch's start to the end (storage_io.h)
   std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
   std::string last_checkpoint;    // the last checkpoint written; empty = none
   int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
@@ -227,6 +229,7 @@ struct EpochReport {
   double train_s = 0.0;  // the epoch's training loop
   double wall_s = 0.0;   // with evaluation
   double loader_wait_s = 0.0;
+  StorageReadsByRank storage_reads;  // since the previous epoch's end (storage_io.h)
   int64_t skipped_steps = 0;
   double loss_scale = 1.0;
 };
@@ -317,6 +320,12 @@ class ThroughputClock {
   double ms_ = 0.0;
   Stopwatch step_wall_;
 };
+
+// Every rank's storage reads over a span (its own process_storage_reads difference, unknown
+// as nullopt), gathered at rank 0 (Note [Storage reads per epoch] in run_report.cpp).
+// Collective.
+StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& reads,
+                                        Communicator& comm);
 
 // The run's samples/s (every rank's timed samples over the slowest rank's time: it sets the
 // pace) and ms/step into `summary`; left 0 when no step was timed. Collective.

@@ -15,18 +15,19 @@
 // or memory format, so it is what checkpoints store and what survives a re-layout.
 //
 // Note [Channels-last weights]
-// With channels-last activations (--channels-last on a GPU), cuDNN wants the convolution
-// weights channels-last too. Stored contiguous [O, I, kH, kW], every step copied each weight to
-// NHWC before its convolution and added its NHWC gradient back through a strided add (or, where
-// a first convolution's single input channel made the input's format ambiguous, ran the whole
-// network NCHW with cuDNN transposing around each convolution): bench/kernel_profile.sh showed
-// 34 copies and 17 strided adds per resnet18 step, and 12 transposes in simple_cnn's. So, when
-// asked, a 4-D parameter's slot holds its elements in [O, kH, kW, I] order and the parameter is
-// that storage seen through a permutation: shape [O, I, kH, kW], channels-last strides, as
-// PyTorch's model.to(memory_format=torch.channels_last) gives. Its gradient view has the same
-// strides, so autograd accumulates in place without a copy. The slot's size and place are
-// unchanged: buckets, collectives and the optimizer, which see flat elements, do not know;
-// to_logical and from_logical translate, so checkpoints and weight files keep PyTorch's order.
+// With channels-last activations (--channels-last on a GPU), cuDNN wants the convolution weights
+// channels-last too. Stored contiguous [O, I, kH, kW], every resnet18 step copied each weight to
+// NHWC before its convolution and added its NHWC gradient back through a strided add
+// (bench/kernel_profile.sh: 34 copies and 17 strided adds a step). So, when asked, a 4-D
+// parameter's slot holds its elements in [O, kH, kW, I] order and the parameter is that storage
+// seen through a permutation: shape [O, I, kH, kW], channels-last strides, as PyTorch's
+// model.to(memory_format=torch.channels_last) gives. Its gradient view has the same strides, so
+// autograd accumulates in place without a copy. The slot's size and place are unchanged:
+// buckets, collectives and the optimizer, which see flat elements, do not know; to_logical and
+// from_logical translate, so checkpoints and weight files keep PyTorch's order. The trainer asks
+// for it only where the images have more than one channel: a one-channel NHWC batch is also
+// NCHW, LibTorch then runs the network NCHW, and channels-last weights would turn it NHWC,
+// which measured slower for simple_cnn (trainer.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -6,6 +6,24 @@
 # Python wheel's, where the build found it: every directory it linked from that is not a system
 # one goes into its RUNPATH (tests/test_install.sh runs it from an empty environment).
 set_target_properties(hpc_train hpc_train_data PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+# INSTALL_RPATH_USE_LINK_PATH leaves out directories inside the source and build trees (CMake
+# takes them for the project's own outputs), but a dependency may have been unpacked there (a
+# Boost extracted into the checkout, say): the installed program would not find it. Those
+# directories go in by hand.
+foreach(target IN ITEMS Boost::program_options ZLIB::ZLIB JPEG::JPEG PNG::PNG)
+  if(NOT TARGET ${target})
+    continue()
+  endif()
+  get_target_property(location ${target} LOCATION)
+  if(location)
+    get_filename_component(dir "${location}" DIRECTORY)
+    string(FIND "${dir}/" "${PROJECT_SOURCE_DIR}/" in_source_tree)
+    string(FIND "${dir}/" "${PROJECT_BINARY_DIR}/" in_build_tree)
+    if(in_source_tree EQUAL 0 OR in_build_tree EQUAL 0)
+      set_property(TARGET hpc_train hpc_train_data APPEND PROPERTY INSTALL_RPATH "${dir}")
+    endif()
+  endif()
+endforeach()
 install(TARGETS hpc_train hpc_train_data RUNTIME DESTINATION bin)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/jobscripts/" DESTINATION share/hpc_train/jobscripts
         USE_SOURCE_PERMISSIONS)

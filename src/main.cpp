@@ -12,6 +12,7 @@
 //   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
 //   summary  -> printed by rank 0 and written to summary.json
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,8 +33,41 @@
 
 using namespace hpc_train;
 
+namespace {
+
+// This process's rank as the launcher says it (mpirun, srun, a PMI/PMIx launcher), before MPI
+// exists; 0 when started alone.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return 0;
+}
+
+// --help and --version answer without starting MPI: started alone, Open MPI's singleton start
+// spawns a daemon through ssh/rsh, which a login node, a container or a GPU box may not have,
+// and asking what a binary is must not depend on that. Under a launcher only rank 0 prints.
+// Returns the exit code when the command line asked for one of them; a command line that does
+// not parse is left to the agreed phase in main, which reports it from every rank.
+std::optional<int> answer_without_mpi(int argc, char** argv) {
+  CommandLine command_line;
+  try {
+    command_line = parse_command_line(argc, argv);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (command_line.action == CommandLine::Action::kTrain) return std::nullopt;
+  if (launcher_rank() != 0) return kExitOk;
+  std::printf("%s", command_line.action == CommandLine::Action::kPrintAndExit
+                        ? command_line.text.c_str()
+                        : format_build_report(build_report()).c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   StartupPhases startup;  // Note [Start-up phases]
+  if (const std::optional<int> exit_code = answer_without_mpi(argc, argv)) return *exit_code;
   Runtime runtime(&argc, &argv);
   startup.end_phase("mpi");
   // Before anything slow: a preemption signal during start-up must not kill the process.
@@ -42,22 +76,13 @@ int main(int argc, char** argv) {
     CommandLine command_line;
     std::vector<std::string> warnings;
     run_agreed_phase(runtime, [&] {
-      command_line = parse_command_line(argc, argv);
-      if (command_line.action != CommandLine::Action::kTrain) return;
+      command_line = parse_command_line(argc, argv);  // --help and --version were answered above
       // A DeepSpeed config's batch identity depends on the world size.
       warnings = apply_deepspeed_config(command_line.deepspeed, runtime.world_size(),
                                         command_line.given_on_command_line, command_line.config);
       validate(command_line.config);
     });
-    if (command_line.action == CommandLine::Action::kPrintAndExit) {
-      if (runtime.rank() == 0) std::printf("%s", command_line.text.c_str());
-      return kExitOk;
-    }
     const std::vector<BuildItem> build = build_report();
-    if (command_line.action == CommandLine::Action::kPrintBuild) {
-      if (runtime.rank() == 0) std::printf("%s", format_build_report(build).c_str());
-      return kExitOk;
-    }
     if (runtime.rank() == 0)
       for (const std::string& warning : warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     TrainConfig& config = command_line.config;

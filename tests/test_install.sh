@@ -2,8 +2,9 @@
 # `cmake --install` into a fresh prefix, then the installed programs from an empty environment
 # (env -i: no LD_LIBRARY_PATH, no modules), so that they run only through their RUNPATH:
 #  - every library the installed hpc_train and hpc_train_data need resolves (ldd: no "not found");
-#  - `hpc_train --version` prints the version; hpc_train_data converts 256 + 64 Fashion-MNIST
-#    samples and `mpirun -np 1 hpc_train` trains 2 steps on them (summary.json: steps 2);
+#  - `hpc_train --version` prints the version and `--help` the options, both without MPI;
+#    hpc_train_data converts 256 + 64 Fashion-MNIST samples and `mpirun -np 1 hpc_train` trains
+#    2 steps on them (summary.json: steps 2);
 #  - the job scripts, the example configs and both modulefiles (Lmod .lua and Tcl, prefix filled
 #    in, `conflict hpc_train`) are installed, the job scripts byte for byte and executable alike.
 set -euo pipefail
@@ -63,7 +64,13 @@ for program in hpc_train hpc_train_data; do
        "$(readelf -d "$prefix/bin/$program" | sed -n 's/.*Library \(runpath\|rpath\): /\1 /p')"
 done
 
-"${clean_env[@]}" "$prefix/bin/hpc_train" --version > version.txt 2>&1 ||
+# --version and --help start no MPI (main.cpp): an rsh agent that does not exist, as on a node
+# without ssh, makes Open MPI's singleton start fail, so MPI_Init here would fail the test.
+"${clean_env[@]}" OMPI_MCA_plm_rsh_agent=/nonexistent/rsh "$prefix/bin/hpc_train" --help \
+  > help.txt 2>&1 || { cat help.txt; fail "the installed hpc_train --help failed"; }
+grep -qF -- "--micro-batch" help.txt || fail "the installed hpc_train --help: $(head -n 3 help.txt)"
+"${clean_env[@]}" OMPI_MCA_plm_rsh_agent=/nonexistent/rsh "$prefix/bin/hpc_train" --version \
+  > version.txt 2>&1 ||
   { cat version.txt; fail "the installed hpc_train --version failed"; }
 head -n 1 version.txt | grep -q "^hpc_train $version (commit " ||
   fail "the installed hpc_train --version: $(head -n 1 version.txt)"

@@ -156,7 +156,8 @@ const OptionSpec kOptions[] = {
     {"channels-last", "runtime", &TrainConfig::channels_last,
      "GPU: convolution inputs and weights NHWC (channels-last)"},
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
-     "GPU: time cuDNN's convolution algorithms per shape and keep the fastest"},
+     "GPU: time cuDNN's convolution algorithms for the micro-batch's shape (once, in the first "
+     "steps) and keep the fastest; other shapes use cuDNN's heuristics"},
     {"deterministic", "runtime", &TrainConfig::deterministic,
      "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
     {"cuda-profiler-start-step", "runtime", &TrainConfig::cuda_profiler_start_step,

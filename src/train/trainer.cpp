@@ -36,8 +36,6 @@ namespace hpc_train {
 
 namespace {
 
-// --resident-data auto keeps the train split on the GPU up to this size (CIFAR-10: 154 MB).
-constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;
 // Eager steps before a step is captured as a CUDA graph: the first one's gradients decide the
 // bucket layout, and LibTorch initialises its libraries' handles and workspaces in the first
 // few (as torch.cuda.graphs asks for warm-up iterations).
@@ -122,11 +120,7 @@ struct Trainer::Impl {
     const ReducerOptions bucketing = reducer_options(config);
     BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
     channels_last = placement.cuda && config.channels_last;
-    // Weights channels-last where the input really is (Note [Channels-last weights]): with one
-    // channel an NHWC batch is also NCHW, LibTorch runs the network NCHW, and channels-last
-    // weights would turn it NHWC. On an H200, with every model's weights channels-last,
-    // simple_cnn on Fashion-MNIST went from 0.297 to 0.308 ms/step and resnet18 on CIFAR from
-    // 5.26-5.33 to 5.08; NHWC max pooling costing more is the profile's likely cause, not isolated.
+    // Weights channels-last where the input really is (Note [Channels-last weights]).
     flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),
                           /*channels_last_weights=*/channels_last && info.channels > 1);
     // Every rank starts from rank 0's parameters and buffers.
@@ -139,23 +133,15 @@ struct Trainer::Impl {
                         config.seed, comm.rank(), config.micro_batch);
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       config.prefetch_batches, comm);
-    if (config.data_store == DataStore::kMemory) open_store();
-    // Note [Store and resident data] (config.cpp): with a store, auto keeps nothing resident.
-    const int64_t resident_bytes = resident_split_bytes(info, Split::kTrain);
-    train_split_resident = config.resident_data == Switch::kOn ||
-                           (config.resident_data == Switch::kAuto && placement.cuda && !store &&
-                            resident_bytes <= kAutoResidentBytes);
-    if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
-    if (placement.cuda) {
-      at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark);
-      at::globalContext().setDeterministicCuDNN(config.deterministic);
+    if (config.data_store == DataStore::kMemory) {  // Note [Read-once sample store]
+      store.emplace(dataset, comm, store_limit_bytes(config.data_store_limit_mb, comm.mpi_comm()));
+      reporter.say("Data store: rank 0 read %s\n", store->describe_read().c_str());
     }
+    train_split_resident = keep_train_split_resident(config, info, placement.cuda);
+    if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
+    if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    use_step_graph = placement.cuda && config.cuda_graph != Switch::kOff && cuda_graphs_available() &&
-                     placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
-    if (config.cuda_graph == Switch::kOn && !use_step_graph)
-      throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
-                        "backend and --grad-accum 1; use --cuda-graph auto or off");
+    use_step_graph = capture_steps(config, placement);
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
   }
@@ -177,6 +163,7 @@ struct Trainer::Impl {
   // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
   void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
     Stopwatch phase;
+    autotune_convolutions(batch.labels.size(0) == config.micro_batch);
     model->train();
     const torch::Tensor logits = model->forward(in_model_layout(batch.input, channels_last));
     const torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
@@ -194,6 +181,19 @@ struct Trainer::Impl {
       reducer->finish_backward();
     }
     interval_loss.add_(loss.detach());
+  }
+
+  // Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new
+  // input shape. On an H200, resnet18 at micro-batch 256 in bf16 took about 3 s per shape, after
+  // which its replayed step ran in 4.55-4.63 ms against 5.09 with cuDNN's heuristics. Tuning
+  // every shape also tuned the epoch's last, partial batch and the evaluation batches, inside
+  // the timed steps: the benchmark's resnet18 row went 2.7x slower (15.7 ms/step over 300
+  // steps) from one partial batch's tuning. So only the full micro-batch is tuned (in the eager
+  // steps before the capture, which then finds its algorithms chosen); other shapes, a few
+  // steps per epoch, take the heuristics.
+  void autotune_convolutions(bool full_micro_batch) {
+    if (placement.cuda)
+      at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark && full_micro_batch);
   }
 
   // The optimizer step after a synchronised micro-step. On a GPU overflows and the loss scale
@@ -247,21 +247,6 @@ struct Trainer::Impl {
     return bytes;
   }
 
-  // Note [Step position]: after step `step_in_epoch` (0-based) of `epoch`, the run's
-  // `global_step`-th.
-  StepPosition step_position(int epoch, int64_t step_in_epoch, int64_t steps_per_epoch,
-                             int64_t global_step) const {
-    StepPosition at;
-    at.epoch = epoch;
-    at.epochs = config.epochs;
-    at.step_in_epoch = step_in_epoch;
-    at.steps_per_epoch = steps_per_epoch;
-    at.global_step = global_step;
-    at.max_steps = config.max_steps;
-    at.global_batch = static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
-    return at;
-  }
-
   // Rank 0's log line and metrics record for the interval that ends with the step `at`.
   // Collective (the interval's loss is averaged over ranks).
   // Returns the interval's mean loss.
@@ -308,31 +293,6 @@ struct Trainer::Impl {
             config.grad_accum};
   }
 
-  // Reads this rank's share of the train split (Note [Read-once sample store]).
-  void open_store() {
-    Stopwatch read;
-    store.emplace(dataset, comm,
-                  config.data_store_limit_mb > 0 ? config.data_store_limit_mb << 20
-                                                 : default_store_limit_bytes(comm.mpi_comm()));
-    reporter.say("Data store: rank 0 read train samples [%lld, %lld) into memory, %s, in %.2f s\n",
-                 static_cast<long long>(store->owned().begin),
-                 static_cast<long long>(store->owned().begin + store->owned().count),
-                 memory_text(static_cast<double>(store->read_bytes())).c_str(),
-                 read.elapsed_ms() / 1e3);
-  }
-
-  // What the store did over `steps` optimizer steps of this run: every rank's bytes read, and
-  // the slowest rank's exchange time per step. Collective.
-  void report_store(TrainSummary& summary, int64_t steps) {
-    summary.data_store_read_bytes_per_rank =
-        comm.gather_count(store->read_bytes(), 0, "data store read bytes");
-    summary.data_store_exchange_ms_per_step =
-        comm.all_reduce_scalar(store->exchange_ms(), ReduceOp::kMax, "data store exchange ms") /
-        static_cast<double>(std::max<int64_t>(1, steps));
-    reporter.say("Data store: exchanges took %.3f ms per step (the slowest rank's mean)\n",
-                 summary.data_store_exchange_ms_per_step);
-  }
-
   TrainSummary run() {
     Stopwatch run_wall;
     const DatasetInfo& info = dataset.info();
@@ -346,20 +306,20 @@ struct Trainer::Impl {
     if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
     optimizer->set_lr_schedule(LrSchedule(lr_schedule_options(config, total_steps)).params());
 
-    TrainSummary summary;
-    summary.world_size = comm.size();
-    summary.model = config.model;
-    summary.parameters = flat.numel();
-    summary.zero_stage = config.zero_stage;
-    summary.precision = to_string(config.precision);
-    summary.placement = placement.describe();
-    summary.global_batch =
-        static_cast<int64_t>(config.micro_batch) * config.grad_accum * comm.size();
+    const RunStart run_start{config.model,      flat.numel(),       to_string(config.precision),
+                             config.zero_stage, comm.size(),        placement.describe(),
+                             info.train_size,   steps_per_epoch,    config.micro_batch,
+                             config.grad_accum, memory(),           reducer->num_buckets()};
+    reporter.run_start(run_start);
+    TrainSummary summary = starting_summary(run_start);
     summary.resumed_from = resumed_from;
     summary.data_store = to_string(config.data_store);
-    reporter.run_start({config.model, flat.numel(), to_string(config.precision), config.zero_stage,
-                        comm.size(), summary.placement, info.train_size, steps_per_epoch,
-                        config.micro_batch, config.grad_accum, memory(), reducer->num_buckets()});
+    // Note [Step position]: the run's constants; after() places each step.
+    StepPosition run_steps;
+    run_steps.epochs = config.epochs;
+    run_steps.steps_per_epoch = steps_per_epoch;
+    run_steps.max_steps = config.max_steps;
+    run_steps.global_batch = summary.global_batch;
     if (placement.cuda && !model->forward_flops_per_sample())
       reporter.say("MFU: unknown for %s (hpc_train counts the FLOPs of its built-in models "
                    "only); summary.json reports mfu 0\n", config.model.c_str());
@@ -372,9 +332,7 @@ struct Trainer::Impl {
     CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
                                      placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
-    // Note [Storage reads per epoch] (run_report.cpp)
-    const std::optional<StorageReadBytes> reads_at_start = process_storage_reads();
-    std::optional<StorageReadBytes> reads_at_epoch_start = reads_at_start;
+    StorageReadClock storage_reads;
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
@@ -402,7 +360,7 @@ struct Trainer::Impl {
       int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
       // The last step taken, for the log, the bar and the epoch's end; until this epoch's first
       // step, the run's step before it.
-      StepPosition at = step_position(epoch, step_in_epoch - 1, steps_per_epoch, global_step);
+      StepPosition at = run_steps.after(epoch, step_in_epoch - 1, global_step);
       throughput.epoch_started();
       bool have_batch = batches.prepare_next(&times.data_wait_ms);
       while (have_batch) {
@@ -435,7 +393,7 @@ struct Trainer::Impl {
         profiler_range.step_ended(global_step);
         if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
-        at = step_position(epoch, step_in_epoch, steps_per_epoch, global_step);
+        at = run_steps.after(epoch, step_in_epoch, global_step);
         const bool last_of_epoch =
             step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;
         if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch) {
@@ -480,16 +438,14 @@ struct Trainer::Impl {
            static_cast<double>(std::max<int64_t>(1, epoch_micro_steps - consumed_micro_steps)));
       ended.complete = epoch_micro_steps == epoch_end_micro_steps;
       if (ended.complete) ++summary.epochs_completed;
+      autotune_convolutions(false);  // Note [cuDNN autotuning]
       summary.test = evaluator->evaluate(*model);
       const StepReport report = optimizer->report();
       ended.train_loss = summary.final_train_loss;
       ended.test = summary.test;
       ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
       ended.loader_wait_s = batches.loader_wait_ms() / 1e3;
-      const std::optional<StorageReadBytes> reads_at_epoch_end = process_storage_reads();
-      ended.storage_reads = gather_storage_reads(
-          storage_reads_between(reads_at_epoch_start, reads_at_epoch_end), comm);
-      reads_at_epoch_start = reads_at_epoch_end;
+      ended.storage_reads = storage_reads.epoch_ended(comm);
       ended.skipped_steps = report.skipped_steps;
       ended.loss_scale = report.loss_scale;
       reporter.epoch(ended);
@@ -514,10 +470,13 @@ struct Trainer::Impl {
     summary.memory = memory();
     summary.breakdown = run_times.breakdown(comm.size(), config.zero_stage == 2);
     summary.wall_s = run_wall.elapsed_ms() / 1e3;
-    summary.storage_reads = gather_storage_reads(
-        storage_reads_between(reads_at_start, process_storage_reads()), comm);
+    summary.storage_reads = storage_reads.since_start(comm);
     add_throughput(summary, throughput, comm);
-    if (store) report_store(summary, global_step - start.global_step);
+    if (store) {
+      add_data_store_figures(summary, *store, global_step - start.global_step, comm);
+      reporter.say("Data store: exchanges took %.3f ms per step (the slowest rank's mean)\n",
+                   summary.data_store_exchange_ms_per_step);
+    }
     if (placement.cuda)
       add_gpu_figures(summary, placement.cuda_device, config.precision,
                       model->forward_flops_per_sample(), comm);

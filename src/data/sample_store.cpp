@@ -1,6 +1,7 @@
 #include "hpc_train/data/sample_store.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -69,7 +70,8 @@ BatchExchange plan_batch_exchange(const std::vector<SampleRange>& owned,
   return plan;
 }
 
-int64_t default_store_limit_bytes(MPI_Comm comm) {
+int64_t store_limit_bytes(int64_t limit_mb, MPI_Comm comm) {
+  if (limit_mb > 0) return limit_mb << 20;
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
   int ranks_on_node = 1;
@@ -105,6 +107,7 @@ SampleStore::SampleStore(const DatasetFile& dataset, Communicator& comm, int64_t
                       "of the train split of " + dataset.path() + " exceeds their memory limit "
                       "(--data-store-limit-mb; their messages say by how much)");
 
+  const Stopwatch read;
   images_.resize(static_cast<size_t>(share.count * sample_bytes_));
   labels_.resize(static_cast<size_t>(share.count));
   const int64_t piece_samples = std::max<int64_t>(1, kStoreReadPieceBytes / sample_bytes_);
@@ -117,6 +120,16 @@ SampleStore::SampleStore(const DatasetFile& dataset, Communicator& comm, int64_t
                           labels_.data() + done);
     read_bytes_ += count * sample_bytes_;
   }
+  read_s_ = read.elapsed_ms() / 1e3;
+}
+
+std::string SampleStore::describe_read() const {
+  char text[160];
+  std::snprintf(text, sizeof text, "train samples [%lld, %lld) into memory, %s, in %.2f s",
+                static_cast<long long>(owned().begin),
+                static_cast<long long>(owned().begin + owned().count),
+                memory_text(static_cast<double>(read_bytes_)).c_str(), read_s_);
+  return text;
 }
 
 std::vector<int64_t> SampleStore::start_epoch(uint64_t seed, int64_t epoch, EpochTail tail,

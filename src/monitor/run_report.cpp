@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "hpc_train/comm/comm.h"
+#include "hpc_train/data/sample_store.h"
 #include "hpc_train/model/models.h"
 #include "hpc_train/runtime/stop_signal.h"
 
@@ -309,6 +310,28 @@ void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Co
   summary.ms_per_step = slowest_ms / static_cast<double>(throughput.steps());
 }
 
+TrainSummary starting_summary(const RunStart& start) {
+  TrainSummary summary;
+  summary.world_size = start.world_size;
+  summary.model = start.model;
+  summary.parameters = start.parameters;
+  summary.zero_stage = start.zero_stage;
+  summary.precision = start.precision;
+  summary.placement = start.placement;
+  summary.global_batch =
+      static_cast<int64_t>(start.micro_batch) * start.grad_accum * start.world_size;
+  return summary;
+}
+
+void add_data_store_figures(TrainSummary& summary, const SampleStore& store, int64_t steps,
+                            Communicator& comm) {
+  summary.data_store_read_bytes_per_rank =
+      comm.gather_count(store.read_bytes(), 0, "data store read bytes");
+  summary.data_store_exchange_ms_per_step =
+      comm.all_reduce_scalar(store.exchange_ms(), ReduceOp::kMax, "data store exchange ms") /
+      static_cast<double>(std::max<int64_t>(1, steps));
+}
+
 void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision,
                      std::optional<double> forward_flops, Communicator& comm) {
   summary.peak_allocated_bytes_per_rank =
@@ -323,12 +346,14 @@ void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision
 }
 
 // Note [Storage reads per epoch]: each rank's /proc/self/io counters are taken where the first
-// epoch starts and at every epoch's end (the trainer), and the differences gathered at rank 0,
-// as the GPU's peak allocation is. They count the whole process over the span: the loader
-// thread's samples (with what it prefetched for the next steps), evaluation's test split,
+// epoch starts and at every epoch's end (StorageReadClock), and the differences gathered at
+// rank 0, as the GPU's peak allocation is. They count the whole process over the span: the
+// loader thread's samples (with what it prefetched for the next steps), evaluation's test split,
 // checkpoints written and read back; and in bytes of pages, so a sample read cold costs its
 // bytes rounded up to pages.
 // A rank without the counters reports -1 (null in the JSON): unknown, which 0 would hide.
+namespace {
+
 StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& reads,
                                         Communicator& comm) {
   StorageReadsByRank by_rank;
@@ -337,6 +362,22 @@ StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& r
   by_rank.syscall_read_bytes =
       comm.gather_count(reads ? reads->syscall_read_bytes : -1, 0, "read syscall bytes");
   return by_rank;
+}
+
+}  // namespace
+
+StorageReadClock::StorageReadClock()
+    : run_start_(process_storage_reads()), epoch_start_(run_start_) {}
+
+StorageReadsByRank StorageReadClock::epoch_ended(Communicator& comm) {
+  const std::optional<StorageReadBytes> now = process_storage_reads();
+  const std::optional<StorageReadBytes> epoch = storage_reads_between(epoch_start_, now);
+  epoch_start_ = now;
+  return gather_storage_reads(epoch, comm);
+}
+
+StorageReadsByRank StorageReadClock::since_start(Communicator& comm) const {
+  return gather_storage_reads(storage_reads_between(run_start_, process_storage_reads()), comm);
 }
 
 }  // namespace hpc_train

@@ -1,6 +1,9 @@
 #include "hpc_train/train/run_options.h"
 
+#include "hpc_train/data/device_input.h"
+#include "hpc_train/error.h"
 #include "hpc_train/optim/optimizer.h"
+#include "hpc_train/train/step_graph.h"
 
 namespace hpc_train {
 namespace {
@@ -62,6 +65,21 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
   options.cosine_final_ratio = config.cosine_final_ratio;
   options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : run_steps;
   return options;
+}
+
+bool capture_steps(const TrainConfig& config, const Placement& placement) {
+  const bool possible = placement.cuda && cuda_graphs_available() &&
+                        placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;
+  if (config.cuda_graph == Switch::kOn && !possible)
+    throw ConfigError("--cuda-graph on needs a GPU build, --device cuda, the nccl (or none) "
+                      "backend and --grad-accum 1; use --cuda-graph auto or off");
+  return possible && config.cuda_graph != Switch::kOff;
+}
+
+bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda) {
+  if (config.resident_data != Switch::kAuto) return config.resident_data == Switch::kOn;
+  return cuda && config.data_store != DataStore::kMemory &&
+         resident_split_bytes(info, Split::kTrain) <= kAutoResidentBytes;
 }
 
 }  // namespace hpc_train

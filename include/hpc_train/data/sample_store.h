@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "hpc_train/data/batch_loader.h"
@@ -61,10 +62,10 @@ struct BatchExchange {
 BatchExchange plan_batch_exchange(const std::vector<SampleRange>& owned,
                                   const std::vector<std::vector<int64_t>>& rank_batches, int rank);
 
-// Host memory a rank's share may take when --data-store-limit-mb is 0: the node's MemAvailable
-// (/proc/meminfo; its physical memory where that is missing) divided by the ranks on the node
-// (MPI_COMM_TYPE_SHARED of `comm`; collective).
-int64_t default_store_limit_bytes(MPI_Comm comm);
+// Host memory a rank's share may take: --data-store-limit-mb `limit_mb`, or where that is 0 the
+// node's MemAvailable (/proc/meminfo; its physical memory where that is missing) divided by the
+// ranks on the node (MPI_COMM_TYPE_SHARED of `comm`; collective).
+int64_t store_limit_bytes(int64_t limit_mb, MPI_Comm comm);
 
 class SampleStore {
  public:
@@ -78,6 +79,8 @@ class SampleStore {
   const SampleRange& owned() const { return owned_[static_cast<size_t>(rank_)]; }
   // Bytes this rank read from the dataset for the store (its share's images).
   int64_t read_bytes() const { return read_bytes_; }
+  // "train samples [B, E) into memory, SIZE, in T s": what this rank read, for the log.
+  std::string describe_read() const;
   // Time spent in exchanges (planning, packing, MPI and unpacking), summed, in milliseconds.
   double exchange_ms() const { return exchange_ms_; }
 
@@ -102,6 +105,7 @@ class SampleStore {
   std::vector<uint8_t> send_records_;        // reused between exchanges
   std::vector<uint8_t> recv_records_;
   int64_t read_bytes_ = 0;
+  double read_s_ = 0.0;
   double exchange_ms_ = 0.0;
 };
 

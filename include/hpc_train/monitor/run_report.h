@@ -20,6 +20,8 @@
 
 namespace hpc_train {
 
+class SampleStore;  // sample_store.h
+
 struct EvalResult {
   double loss = 0.0;       // mean cross entropy over the split
   double accuracy = 0.0;   // correct / samples
@@ -151,6 +153,15 @@ struct StepPosition {
   // global_step x the global batch, as DeepSpeed counts global_samples (a padded epoch tail
   // counts as a whole batch there too).
   int64_t samples_seen() const { return global_step * global_batch; }
+  // The position after step `step_in_epoch` of `epoch`, the run's `global_step`-th, in this
+  // position's run.
+  StepPosition after(int at_epoch, int64_t at_step_in_epoch, int64_t at_global_step) const {
+    StepPosition at = *this;
+    at.epoch = at_epoch;
+    at.step_in_epoch = at_step_in_epoch;
+    at.global_step = at_global_step;
+    return at;
+  }
 };
 
 // One log interval as every rank agreed on it (the trainer's log_interval fills it).
@@ -219,6 +230,10 @@ struct RunStart {
   MemoryBytes memory;
   size_t buckets = 0;
 };
+
+// A run's summary as it starts: what `start` says of the run (model, size, ranks, precision,
+// placement, global batch); the rest is filled as the run goes.
+TrainSummary starting_summary(const RunStart& start);
 
 // One epoch's end, agreed by all ranks.
 struct EpochReport {
@@ -321,15 +336,30 @@ class ThroughputClock {
   Stopwatch step_wall_;
 };
 
-// Every rank's storage reads over a span (its own process_storage_reads difference, unknown
-// as nullopt), gathered at rank 0 (Note [Storage reads per epoch] in run_report.cpp).
-// Collective.
-StorageReadsByRank gather_storage_reads(const std::optional<StorageReadBytes>& reads,
-                                        Communicator& comm);
+// Every rank's storage reads (storage_io.h) over the run and over each epoch, gathered at
+// rank 0 (Note [Storage reads per epoch] in run_report.cpp); unknown counters as -1.
+class StorageReadClock {
+ public:
+  StorageReadClock();  // the run's start
+  // Every rank's reads since the previous call, the first time since the start. Collective.
+  StorageReadsByRank epoch_ended(Communicator& comm);
+  // Every rank's reads since the start. Collective.
+  StorageReadsByRank since_start(Communicator& comm) const;
+
+ private:
+  std::optional<StorageReadBytes> run_start_;
+  std::optional<StorageReadBytes> epoch_start_;
+};
 
 // The run's samples/s (every rank's timed samples over the slowest rank's time: it sets the
 // pace) and ms/step into `summary`; left 0 when no step was timed. Collective.
 void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm);
+
+// What the read-once store did over `steps` optimizer steps of this run, into `summary`: every
+// rank's bytes read (gathered to rank 0) and the slowest rank's exchange time per step.
+// Collective.
+void add_data_store_figures(TrainSummary& summary, const SampleStore& store, int64_t steps,
+                            Communicator& comm);
 
 // A GPU run's figures into `summary`: every rank's allocator peak (gathered to rank 0), and the
 // training FLOPs per sample and MFU where the model's forward FLOPs are known

@@ -12,6 +12,7 @@
 #include "hpc_train/optim/lr_schedule.h"
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/optim/zero_optimizer.h"
+#include "hpc_train/runtime/placement.h"
 
 namespace hpc_train {
 
@@ -31,5 +32,16 @@ ZeroOptions zero_options(const TrainConfig& config);
 // The LR schedule of a run of `run_steps` optimizer steps (--schedule-steps, when given, sets
 // the cosine's length instead).
 LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
+
+// Whether the steps are captured as a CUDA graph and replayed (--cuda-graph): auto where the
+// build, the device, the backend (not MPI's host staging) and --grad-accum 1 allow it. Throws
+// ConfigError for --cuda-graph on where they do not.
+bool capture_steps(const TrainConfig& config, const Placement& placement);
+
+// Whether the train split is kept on the GPU (--resident-data): on, or auto for a split of at
+// most kAutoResidentBytes on a GPU without the read-once store (Note [Store and resident data]
+// in config.cpp: with a store, auto keeps nothing resident).
+inline constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;  // CIFAR-10's: 154 MB
+bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
 
 }  // namespace hpc_train

@@ -50,8 +50,11 @@ grep -qx 'conflict hpc_train' "$modules/$version" || fail "the Tcl modulefile: n
 head -n 1 "$modules/$version" | grep -q '^#%Module' || fail "the Tcl modulefile: no #%Module line"
 
 # From an empty environment: only the RUNPATH finds LibTorch, MPI, HDF5 (and CUDA, NCCL).
+# The site's Open MPI settings (OMPI_MCA_*: e.g. how mpirun starts its daemons where there is no
+# ssh) are configuration, not library paths: they pass.
+mapfile -t mpi_settings < <(env | grep '^OMPI_MCA_' || true)
 clean_env=(env -i PATH=/usr/bin:/bin HOME="$HOME" OMP_NUM_THREADS=1
-           OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+           OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${mpi_settings[@]}")
 for program in hpc_train hpc_train_data; do
   "${clean_env[@]}" ldd "$prefix/bin/$program" > "ldd_$program.txt" 2>&1 ||
     { cat "ldd_$program.txt"; fail "ldd $prefix/bin/$program"; }

@@ -66,7 +66,7 @@ run_case "resnet18-scripted-b256-bf16" cifar_synthetic.h5 resnet18.pt 256 bf16 -
 run_case "resnet18-b256-bf16-eager" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 --augment off \
   --cuda-graph off
 # cuDNN's autotuning, which the PyTorch reference always has on (Note [cuDNN autotuning] in
-# trainer.cpp: the micro-batch's shape is tuned in the eager steps before the capture).
+# run_options.h: the micro-batch's shape is tuned in the eager steps before the capture).
 run_case "resnet18-b256-bf16-cudnn-benchmark" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 \
   --augment off --cudnn-benchmark on
 

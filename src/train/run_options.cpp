@@ -67,6 +67,10 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
   return options;
 }
 
+bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size) {
+  return config.cudnn_benchmark && batch_size == config.micro_batch;
+}
+
 bool capture_steps(const TrainConfig& config, const Placement& placement) {
   const bool possible = placement.cuda && cuda_graphs_available() &&
                         placement.backend != CommBackendKind::kMpi && config.grad_accum == 1;

@@ -163,7 +163,8 @@ struct Trainer::Impl {
   // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
   void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
     Stopwatch phase;
-    autotune_convolutions(batch.labels.size(0) == config.micro_batch);
+    if (placement.cuda)  // Note [cuDNN autotuning] (run_options.h)
+      at::globalContext().setBenchmarkCuDNN(cudnn_autotunes(config, batch.labels.size(0)));
     model->train();
     const torch::Tensor logits = model->forward(in_model_layout(batch.input, channels_last));
     const torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
@@ -181,19 +182,6 @@ struct Trainer::Impl {
       reducer->finish_backward();
     }
     interval_loss.add_(loss.detach());
-  }
-
-  // Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new
-  // input shape. On an H200, resnet18 at micro-batch 256 in bf16 took about 3 s per shape, after
-  // which its replayed step ran in 4.55-4.63 ms against 5.09 with cuDNN's heuristics. Tuning
-  // every shape also tuned the epoch's last, partial batch and the evaluation batches, inside
-  // the timed steps: the benchmark's resnet18 row went 2.7x slower (15.7 ms/step over 300
-  // steps) from one partial batch's tuning. So only the full micro-batch is tuned (in the eager
-  // steps before the capture, which then finds its algorithms chosen); other shapes, a few
-  // steps per epoch, take the heuristics.
-  void autotune_convolutions(bool full_micro_batch) {
-    if (placement.cuda)
-      at::globalContext().setBenchmarkCuDNN(config.cudnn_benchmark && full_micro_batch);
   }
 
   // The optimizer step after a synchronised micro-step. On a GPU overflows and the loss scale
@@ -438,7 +426,7 @@ struct Trainer::Impl {
            static_cast<double>(std::max<int64_t>(1, epoch_micro_steps - consumed_micro_steps)));
       ended.complete = epoch_micro_steps == epoch_end_micro_steps;
       if (ended.complete) ++summary.epochs_completed;
-      autotune_convolutions(false);  // Note [cuDNN autotuning]
+      if (placement.cuda) at::globalContext().setBenchmarkCuDNN(false);  // Note [cuDNN autotuning]
       summary.test = evaluator->evaluate(*model);
       const StepReport report = optimizer->report();
       ended.train_loss = summary.final_train_loss;

@@ -33,6 +33,17 @@ ZeroOptions zero_options(const TrainConfig& config);
 // the cosine's length instead).
 LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
 
+// Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new
+// input shape. On an H200, resnet18 at micro-batch 256 in bf16 took about 3 s per shape, after
+// which its replayed step ran in 4.55-4.63 ms against 5.09 with cuDNN's heuristics. Tuning
+// every shape also tuned the epoch's last, partial batch and the evaluation batches, inside
+// the timed steps: the benchmark's resnet18 row went 2.7x slower (15.7 ms/step over 300
+// steps) from one partial batch's tuning. So only the full micro-batch is tuned (in the eager
+// steps before the capture, which then finds its algorithms chosen); other shapes, a few
+// steps per epoch, and evaluation take the heuristics.
+// Whether cuDNN autotunes the convolutions of a training micro-batch of `batch_size` samples.
+bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size);
+
 // Whether the steps are captured as a CUDA graph and replayed (--cuda-graph): auto where the
 // build, the device, the backend (not MPI's host staging) and --grad-accum 1 allow it. Throws
 // ConfigError for --cuda-graph on where they do not.

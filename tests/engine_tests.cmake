@@ -7,7 +7,7 @@ hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
 hpc_train_add_test(NAME test_placement SOURCES test_placement.cpp RANKS 1 3
                    LIBS hpc_train_engine TIMEOUT 60)
 hpc_train_add_test(NAME test_optimizer SOURCES test_optimizer.cpp test_flat_parameters.cpp
-                   test_run_options.cpp
+                   test_run_options.cpp test_graphed_step.cpp
                    RANKS 1 LIBS hpc_train_engine)
 hpc_train_add_test(NAME test_equivalence SOURCES test_equivalence.cpp RANKS 2 3 TIMEOUT 300
                    LIBS hpc_train_engine hpc_train_test_support)

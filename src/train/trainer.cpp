@@ -25,7 +25,7 @@
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/train/run_options.h"
 #include "hpc_train/monitor/run_report.h"
-#include "hpc_train/train/step_graph.h"
+#include "hpc_train/train/graphed_step.h"
 #include "hpc_train/runtime/cuda_profiler.h"
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/stop_signal.h"
@@ -36,10 +36,6 @@ namespace hpc_train {
 
 namespace {
 
-// Eager steps before a step is captured as a CUDA graph: the first one's gradients decide the
-// bucket layout, and LibTorch initialises its libraries' handles and workspaces in the first
-// few (as torch.cuda.graphs asks for warm-up iterations).
-constexpr int64_t kEagerStepsBeforeCapture = 3;
 
 }  // namespace
 
@@ -75,11 +71,7 @@ struct Trainer::Impl {
   // Inputs and convolution weights in NHWC (cuDNN's fast layout on tensor cores; Note
   // [Channels-last weights] in flat_parameters.h)
   bool channels_last = false;
-  StepGraph step_graph;              // --cuda-graph: the captured training step
-  bool use_step_graph = false;       // whether steps are captured and replayed
-  bool graph_captured_now = false;   // the step just run captured the graph
-  torch::Tensor graph_input;         // the captured step's static input buffers
-  torch::Tensor graph_labels;
+  std::optional<GraphedStep> graphed_step;  // --cuda-graph
   bool buckets_rebuilt = false;
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
   SampleTrace sample_trace; // test-only (SampleTrace)
@@ -141,7 +133,7 @@ struct Trainer::Impl {
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    use_step_graph = capture_steps(config, placement);
+    graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
   }
@@ -195,36 +187,6 @@ struct Trainer::Impl {
       buckets_rebuilt = true;
     }
     times.optimizer_ms += phase.elapsed_ms();
-  }
-
-  // One whole training step (forward, backward, reduction, optimizer) replayed from a CUDA
-  // graph, captured at the first call (step_graph.h). False when capturing failed: the caller
-  // runs the step eagerly, and no further capture is tried. `step`: the global step, from 0.
-  bool replay_step_graph(const DeviceBatch& batch, int64_t step) {
-    if (!step_graph.captured()) {
-      graph_input = torch::empty_like(in_model_layout(batch.input, channels_last));
-      graph_labels = torch::empty_like(batch.labels);
-      std::string why;
-      comm.set_capturing(true);
-      const bool captured = step_graph.capture([&] {
-        IntervalTimes ignored;  // host timers mean nothing inside a capture
-        forward_backward(DeviceBatch{graph_input, graph_labels}, /*sync=*/true, ignored);
-        optimizer->step();
-      }, &why);
-      comm.set_capturing(false);
-      if (!captured) {
-        use_step_graph = false;
-        if (config.cuda_graph == Switch::kOn) throw Error("--cuda-graph on: capturing the step failed: " + why);
-        reporter.say("CUDA graph capture failed (%s); the steps run eagerly\n", why.c_str());
-        return false;
-      }
-      graph_captured_now = true;
-      reporter.say("Training step captured as a CUDA graph\n");
-    }
-    graph_input.copy_(in_model_layout(batch.input, channels_last));
-    graph_labels.copy_(batch.labels);
-    step_graph.replay(comm, "step " + std::to_string(step + 1));
-    return true;
   }
 
   MemoryBytes memory() const {
@@ -317,6 +279,12 @@ struct Trainer::Impl {
     // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
+    // The step a CUDA graph captures (GraphedStep): host timers mean nothing inside a capture.
+    const auto enqueue_whole_step = [&](const DeviceBatch& static_batch) {
+      IntervalTimes ignored;
+      forward_backward(static_batch, /*sync=*/true, ignored);
+      optimizer->step();
+    };
     CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
                                      placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
@@ -358,11 +326,11 @@ struct Trainer::Impl {
         ++micro_step;
         const bool sync = ++micro_steps_since_update == config.grad_accum;
         if (micro_steps_since_update == 1) profiler_range.step_begins(global_step + 1);
-        // Captured steps need the final bucket layout, warmed-up libraries and full batches.
-        const bool replayed = use_step_graph && sync && buckets_rebuilt &&
-                              batch_size == config.micro_batch &&
-                              global_step - start.global_step >= kEagerStepsBeforeCapture &&
-                              replay_step_graph(batch, global_step);
+        const bool replayed =
+            graphed_step->wanted(sync, buckets_rebuilt, batch_size == config.micro_batch,
+                                 global_step - start.global_step) &&
+            graphed_step->run({in_model_layout(batch.input, channels_last), batch.labels},
+                              global_step, enqueue_whole_step, comm, reporter);
         if (replayed) {
           ++summary.graph_replays;
         } else {
@@ -392,8 +360,7 @@ struct Trainer::Impl {
         }
         // After the log, which waits for the GPU at its interval: asynchronous steps are counted
         // when they have run.
-        if (graph_captured_now) {
-          graph_captured_now = false;
+        if (graphed_step->take_captured_now()) {
           torch::cuda::synchronize();
           throughput.restart_after(global_step);
         } else {

@@ -26,6 +26,7 @@
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/io/safetensors.h"
+#include "expect_error.h"
 #include "mpi_world.h"
 
 using namespace hpc_train;
@@ -45,16 +46,8 @@ constexpr bool kParallelHdf5 = false;
 
 constexpr size_t kOptimizerElements = hpc_train::test_support::kRealisticOptimizerElements;
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-}
+using ::test_support::read_bytes;
+using ::test_support::write_bytes;
 
 // A small checkpoint of `step` for the tests of directories.
 Checkpoint small_checkpoint(int64_t step) {

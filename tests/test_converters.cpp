@@ -12,6 +12,7 @@
 #include "hpc_train/data/npz_file.h"
 #include "hpc_train/data/pickle_reader.h"
 #include "hpc_train/error.h"
+#include "expect_error.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;
@@ -80,18 +81,7 @@ std::vector<uint8_t> cifar_records(int64_t n, int64_t first) {
   return bytes;
 }
 
-// Expects a DataError whose message contains every one of `parts`.
-template <typename F>
-void expect_data_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no DataError thrown";
-  } catch (const DataError& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-  }
-}
+using ::test_support::expect_data_error;
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 
 #include "hpc_train/error.h"
 #include "hpc_train/io/safetensors.h"
+#include "expect_error.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;
@@ -45,16 +46,10 @@ class SafetensorsTest : public ::testing::Test {
   std::string dir_;
 };
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(bytes.data()),
-             static_cast<std::streamsize>(bytes.size()));
-}
+using ::test_support::expect_data_error;
+using ::test_support::expect_error;
+using ::test_support::read_bytes;
+using ::test_support::write_bytes;
 
 template <typename T>
 std::vector<uint8_t> as_bytes(const std::vector<T>& values) {
@@ -73,26 +68,6 @@ std::vector<uint8_t> handmade_file(const std::string& header, size_t data_bytes,
   bytes.insert(bytes.end(), text.begin(), text.end());
   for (size_t i = 0; i < data_bytes; ++i) bytes.push_back(static_cast<uint8_t>(i * 7 + 1));
   return bytes;
-}
-
-// Expects an exception of type E whose message contains every one of `parts`.
-template <typename E, typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "nothing thrown";
-  } catch (const E& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "another exception: " << e.what();
-  }
-}
-
-template <typename F>
-void expect_data_error(F&& f, std::initializer_list<std::string> parts) {
-  expect_error<DataError>(std::forward<F>(f), parts);
 }
 
 // The tensors of the round-trip tests: several dtypes, a scalar, an empty tensor, odd sizes.

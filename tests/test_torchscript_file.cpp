@@ -15,6 +15,7 @@
 
 #include "hpc_train/error.h"
 #include "hpc_train/model/torchscript_file.h"
+#include "expect_error.h"
 
 using namespace hpc_train;
 namespace fs = std::filesystem;
@@ -111,14 +112,7 @@ class TorchScriptFileTest : public ::testing::Test {
 
   // The DataError's message for `path` (fails the test when there is none or it misses `path`).
   std::string refusal(const std::string& path) const {
-    try {
-      read_torchscript_file_info(path);
-    } catch (const DataError& e) {
-      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-      return e.what();
-    }
-    ADD_FAILURE() << path << " was accepted";
-    return "";
+    return ::test_support::data_error_naming(path, [&] { read_torchscript_file_info(path); });
   }
 
   std::string dir_;

@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     Placement placement;
     run_agreed_phase(runtime,
                      [&] { placement = resolve_placement(config, runtime.world(), devices); });
-    startup.end_phase("placement");  // the CUDA context, where there is a GPU
+    startup.end_phase("placement");  // devices probed and agreed (CUDA starts in the trainer)
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);
@@ -137,9 +137,9 @@ int main(int argc, char** argv) {
         (config.progress == ProgressStyle::kAuto && stdout_is_terminal());
     std::unique_ptr<Trainer> trainer;
     run_agreed_phase(runtime, [&] {
-      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement);
+      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement,
+                                          &startup);
     });
-    startup.end_phase("trainer");  // the model, the communicator (NCCL), resident data, optimizer
     if (runtime.rank() == 0) {
       std::printf("%s (rank 0)\n", startup.describe().c_str());
       std::fflush(stdout);
@@ -166,10 +166,11 @@ int main(int argc, char** argv) {
       record["build"] = build_report_json(build);
       record["startup"] = startup.to_json();
       write_file_atomically(config.run_dir + "/summary.json", record.dump(2) + "\n");
-      std::printf("Finished: %d epoch(s), %lld steps in %.1f s, %.1f samples/s, %.2f ms/step; "
-                  "test loss %.4f, test accuracy %.2f%%\nRun directory: %s\n",
+      std::printf("Finished: %d epoch(s), %lld steps in %.1f s (warm-up %.2f s), %.1f samples/s, "
+                  "%.2f ms/step; test loss %.4f, test accuracy %.2f%%\nRun directory: %s\n",
                   summary.epochs_completed, static_cast<long long>(summary.steps),
-                  summary.wall_s, summary.samples_per_s, summary.ms_per_step, summary.test.loss,
+                  summary.wall_s, summary.warmup_s, summary.samples_per_s, summary.ms_per_step,
+                  summary.test.loss,
                   100.0 * summary.test.accuracy, config.run_dir.c_str());
     }
     return kExitOk;

@@ -1,7 +1,8 @@
 // Note [ETA]'s arithmetic: the steps left in an epoch and in the run (--epochs, --max-steps,
 // an epoch a step longer than planned), the evaluations still to come, the seconds from the
-// recent step time, and how a duration is written. tests/test_end_to_end.sh checks that a real
-// run's log lines carry it.
+// recent step time, and how a duration is written; and ThroughputClock, the steady state the
+// step time is measured over and the warm-up before it. tests/test_end_to_end.sh checks that a
+// real run's log lines carry them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -119,4 +120,28 @@ TEST(IntervalEvents, CarryTheGpuSpread) {
     EXPECT_EQ(value_of("Train/Samples/gpu_util_pct_max"), 97.0);
     EXPECT_EQ(value_of("Train/Samples/gpu_power_w_max"), 310.0);
   }
+}
+
+// The steady state that ms_per_step measures, and the warm-up before it.
+TEST(ThroughputClock, TimesTheStepsAfterTheWarmUp) {
+  ThroughputClock clock(/*global_step=*/1);  // a fresh run: step 1 is untimed
+  EXPECT_EQ(clock.warmup_ms(), 0.0);
+  clock.step_ended(1, 64);
+  const double first_step_ms = clock.warmup_ms();
+  EXPECT_GT(first_step_ms, 0.0);
+  EXPECT_EQ(clock.steps(), 0);
+  clock.step_ended(2, 64);
+  clock.step_ended(3, 32);
+  EXPECT_EQ(clock.steps(), 2);
+  EXPECT_EQ(clock.samples(), 96);
+  EXPECT_EQ(clock.warmup_ms(), first_step_ms);  // timed steps do not move it
+  // Step 4 captured the CUDA graph: what was timed is forgotten, the warm-up reaches it.
+  clock.step_ended(4, 64);
+  clock.restart_after(4);
+  EXPECT_EQ(clock.steps(), 0);
+  EXPECT_EQ(clock.samples(), 0);
+  EXPECT_GT(clock.warmup_ms(), first_step_ms);
+  clock.step_ended(5, 64);
+  EXPECT_EQ(clock.steps(), 1);
+  EXPECT_EQ(clock.samples(), 64);
 }

@@ -30,6 +30,7 @@ nlohmann::json TrainSummary::to_json() const {
           {"wall_s", wall_s},
           {"samples_per_s", samples_per_s},
           {"ms_per_step", ms_per_step},
+          {"warmup_s", warmup_s},
           {"skipped_steps", skipped_steps},
           {"graph_replays", graph_replays},
           {"loss_scale", loss_scale},
@@ -304,6 +305,8 @@ void RunReporter::epoch(const EpochReport& r) {
 }
 
 void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm) {
+  summary.warmup_s =
+      comm.all_reduce_scalar(throughput.warmup_ms(), ReduceOp::kMax, "warm-up ms") / 1e3;
   if (throughput.steps() == 0 || throughput.ms() <= 0) return;  // the same on every rank
   const double slowest_ms = comm.all_reduce_scalar(throughput.ms(), ReduceOp::kMax);
   summary.samples_per_s = 1e3 * comm.all_reduce_count(throughput.samples()) / slowest_ms;

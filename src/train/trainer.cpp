@@ -28,6 +28,7 @@
 #include "hpc_train/train/graphed_step.h"
 #include "hpc_train/runtime/cuda_profiler.h"
 #include "hpc_train/runtime/runtime.h"
+#include "hpc_train/runtime/startup_phases.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/training_state.h"
 #include "hpc_train/optim/zero_optimizer.h"
@@ -80,7 +81,7 @@ struct Trainer::Impl {
   double shown_loss = 0.0;  // the last log interval's loss, for the progress bar
 
   Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_comm, const TrainerOutput& output,
-       Placement where)
+       Placement where, StartupPhases* startup)
       : config(c), dataset(d), comm(mpi_comm, where.backend, where.cuda_device),
         reporter(output, comm.rank()), placement(where),
         device(where.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(where.cuda_device))
@@ -89,6 +90,11 @@ struct Trainer::Impl {
         gpu_monitor(where.cuda ? where.cuda_device : -1),
         training_stream(where.cuda),
         sample_trace(comm.rank()) {
+    // Note [Start-up phases]: each mark ends the phase since the previous one.
+    const auto phase_ends = [startup](const char* name) {
+      if (startup) startup->end_phase(name);
+    };
+    phase_ends("communicator");  // NCCL's, with the CUDA context it makes; the training stream
     comm.set_timeout(config.comm_timeout_s);
     const DatasetInfo& info = dataset.info();
     torch::manual_seed(config.seed);
@@ -103,6 +109,7 @@ struct Trainer::Impl {
     model->to(device, dtype);
     check_runs_in(*model, {info.channels, info.height, info.width, info.num_classes}, device,
                   dtype, to_string(config.precision), config.model);
+    phase_ends("model");  // with LibTorch's and cuDNN's first use on the GPU (check_runs_in)
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
@@ -121,6 +128,7 @@ struct Trainer::Impl {
     reducer.emplace(flat, comm, bucketing);
     optimizer.emplace(flat, *reducer, comm, zero_options(config));
     checkpoints.emplace(config, info, comm, *model, flat.numel(), device, *optimizer, reporter);
+    phase_ends("optimizer");  // flat storage, the broadcast, buckets, the optimizer's state
     train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
                         config.seed, comm.rank(), config.micro_batch);
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
@@ -131,11 +139,13 @@ struct Trainer::Impl {
     }
     train_split_resident = keep_train_split_resident(config, info, placement.cuda);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
+    phase_ends("data");  // the store's read, the resident split's copy to the GPU
     if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
+    phase_ends("resume");
   }
 
   // Returns the losses summed since the last call and starts a new sum (waits for the device).
@@ -440,8 +450,8 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
-                 const TrainerOutput& output, Placement placement)
-    : impl_(std::make_unique<Impl>(config, dataset, comm, output, placement)) {}
+                 const TrainerOutput& output, Placement placement, StartupPhases* startup)
+    : impl_(std::make_unique<Impl>(config, dataset, comm, output, placement, startup)) {}
 
 Trainer::~Trainer() = default;
 

@@ -64,6 +64,9 @@ struct TrainSummary {
   double wall_s = 0.0;            // the whole run, evaluation included
   double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
   double ms_per_step = 0.0;       // likewise
+  // Before those steps: the libraries' first use, cuDNN's autotuning, the eager steps before
+  // the CUDA graph capture and the capture (ThroughputClock::warmup_ms; the slowest rank's)
+  double warmup_s = 0.0;
   int64_t skipped_steps = 0;      // fp16 overflows
   int64_t graph_replays = 0;      // GPU: steps replayed from the captured CUDA graph (--cuda-graph)
   double loss_scale = 1.0;        // at the end
@@ -305,10 +308,12 @@ void print_progress_bar(int epoch, int epochs, int64_t step_in_epoch, int64_t st
                         double loss, const std::string& rate_and_eta = "");
 
 // Training throughput of this rank over the run's steady state: from the end of the first step
-// (set-up and first-use costs), or of the step that captured the CUDA graph, to the end.
+// (set-up and first-use costs), or of the step that captured the CUDA graph, to the end. What
+// came before is the warm-up: the libraries' first use (cuDNN's autotuning among it), the eager
+// steps before the capture and the capture.
 class ThroughputClock {
  public:
-  // Times the steps after `global_step`, from now.
+  // Times the steps after `global_step`, from now; the warm-up starts now.
   explicit ThroughputClock(int64_t global_step) : timed_after_step_(global_step) {}
   // Step `global_step` ended now, having trained `samples` samples on this rank.
   void step_ended(int64_t global_step, int64_t samples) {
@@ -316,24 +321,38 @@ class ThroughputClock {
       ++steps_;
       samples_ += samples;
       ms_ += step_wall_.elapsed_ms();
+    } else if (global_step == timed_after_step_) {
+      warmup_ms_ = since_start_.elapsed_ms();
     }
     step_wall_.restart();
   }
   // The step loop of an epoch starts (evaluation and checkpoints between epochs are not steps).
   void epoch_started() { step_wall_.restart(); }
-  // Forgets what was timed: only the steps after `global_step` count.
-  void restart_after(int64_t global_step) { *this = ThroughputClock(global_step); }
+  // Forgets what was timed: only the steps after `global_step`, which ended now, count; the
+  // warm-up lasted until now.
+  void restart_after(int64_t global_step) {
+    timed_after_step_ = global_step;
+    steps_ = samples_ = 0;
+    ms_ = 0.0;
+    warmup_ms_ = since_start_.elapsed_ms();
+    step_wall_.restart();
+  }
 
   int64_t steps() const { return steps_; }
   int64_t samples() const { return samples_; }
   double ms() const { return ms_; }
+  // From the clock's start to the end of the last untimed step (evaluation between epochs
+  // included); 0 before that step has ended.
+  double warmup_ms() const { return warmup_ms_; }
 
  private:
   int64_t timed_after_step_;
   int64_t steps_ = 0;
   int64_t samples_ = 0;
   double ms_ = 0.0;
+  double warmup_ms_ = 0.0;
   Stopwatch step_wall_;
+  Stopwatch since_start_;
 };
 
 // Every rank's storage reads (storage_io.h) over the run and over each epoch, gathered at
@@ -352,7 +371,8 @@ class StorageReadClock {
 };
 
 // The run's samples/s (every rank's timed samples over the slowest rank's time: it sets the
-// pace) and ms/step into `summary`; left 0 when no step was timed. Collective.
+// pace) and ms/step into `summary`, left 0 when no step was timed; and the slowest rank's
+// warm-up. Collective.
 void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm);
 
 // What the read-once store did over `steps` optimizer steps of this run, into `summary`: every

@@ -2,12 +2,17 @@
 //
 // Note [Start-up phases]
 // A short job pays its start-up in full: on one H200 the origin's job trained for 5.4 s inside a
-// 7.9 s process. main() marks the end of each phase on every rank; rank 0's figures are printed
-// before training ("Start-up: ...") and go into summary.json as "startup" ({"<phase>_s": seconds,
-// "total_s": ...}). The first phase, loading, is the time from the process's start (the kernel's
-// record in /proc/self/stat) to main(): the dynamic loader mapping LibTorch, CUDA and MPI. It is
-// left out where /proc does not say. The trainer's own first steps (cuDNN's first use, the graph
-// capture) are in its summary, not here.
+// 7.9 s process. main() and the Trainer's constructor mark the end of each phase on every rank;
+// rank 0's figures are printed before training ("Start-up: ...") and go into summary.json as
+// "startup" ({"<phase>_s": seconds, "total_s": ...}). The phases: loading, the time from the
+// process's start (the kernel's record in /proc/self/stat) to main(), the dynamic loader mapping
+// LibTorch, CUDA and MPI (left out where /proc does not say); mpi (MPI_Init); config; placement
+// (devices probed and agreed); dataset (HDF5 opens and checks the file); then the trainer's:
+// communicator (NCCL's, which makes the CUDA context), model (built, moved, and probed once,
+// LibTorch's and cuDNN's first use), optimizer (flat storage, broadcast, buckets, state), data
+// (the store's read, the resident split's copy) and resume. The training's own first steps
+// (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are the summary's
+// warmup_s and the "Finished" line's warm-up, not here.
 #pragma once
 
 #include <string>

@@ -23,6 +23,8 @@
 
 namespace hpc_train {
 
+class StartupPhases;  // startup_phases.h
+
 // Sets LibTorch's intra-op threads of this process (compute_threads_per_rank in runtime.h).
 void set_compute_threads(int threads);
 
@@ -30,9 +32,11 @@ class Trainer {
  public:
   // Builds the model (ConfigError for an unknown name, DataError for a TorchScript file or
   // --init-weights file that cannot be used), moves it into flat storage and broadcasts rank
-  // 0's parameters. Collective over `comm`.
+  // 0's parameters. Collective over `comm`. Marks its phases in `startup` where given (Note
+  // [Start-up phases]): communicator, model, optimizer, data, resume.
   Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
-          const TrainerOutput& output, Placement placement = Placement{});
+          const TrainerOutput& output, Placement placement = Placement{},
+          StartupPhases* startup = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     run_agreed_phase(runtime, [&] {
       dataset.emplace(DatasetFile::open(config.dataset_path,
                                         preferred_file_access(runtime.thread_multiple()),
-                                        runtime.world()));
+                                        runtime.world(), config.reader_threads));
       validate_for_dataset(config, dataset->info(), config.dataset_path, runtime.world_size(),
                            physical_memory_bytes(), !placement.cuda);
     });

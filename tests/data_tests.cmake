@@ -8,6 +8,9 @@ hpc_train_add_test(NAME test_converters SOURCES test_converters.cpp RANKS 1 LABE
 hpc_train_add_test(NAME test_dataset_file SOURCES test_dataset_file.cpp RANKS 1 2 3 LABELS data
   TIMEOUT 60)
 hpc_train_add_script_test(NAME test_data_tool SCRIPT test_data_tool.sh LABELS data TIMEOUT 60)
+# The reader threads that put a batch's reads in flight together (Note [Reads in flight]).
+hpc_train_add_test(NAME test_reader_threads SOURCES test_reader_threads.cpp RANKS 1 LABELS data
+  TIMEOUT 60)
 # The HDF5 attribute reader and writers that dataset files and checkpoints share
 # (src/io/hdf5_attributes.h: private, so this test alone sees src/).
 hpc_train_add_test(NAME test_hdf5_attributes SOURCES test_hdf5_attributes.cpp RANKS 1

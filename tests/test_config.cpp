@@ -17,6 +17,7 @@
 #include "hpc_train/config/config.h"
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
+#include "hpc_train/io/reader_threads.h"
 #include "hpc_train/model/model_names.h"
 
 namespace hpc_train {
@@ -51,6 +52,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.dataset_path, b.dataset_path);
   EXPECT_EQ(a.drop_last, b.drop_last);
   EXPECT_EQ(a.prefetch_batches, b.prefetch_batches);
+  EXPECT_EQ(a.reader_threads, b.reader_threads);
   EXPECT_EQ(a.model, b.model);
   EXPECT_EQ(a.epochs, b.epochs);
   EXPECT_EQ(a.max_steps, b.max_steps);
@@ -291,6 +293,30 @@ TEST_F(ConfigTest, IniFileWithSections) {
   EXPECT_EQ(command_line.config.epochs, 10);  // not in the file: the default
 }
 
+// --reader-threads (Note [Reads in flight]): from the command line and the INI file, validated
+// to [kMinReaderThreads, kMaxReaderThreads] with a message naming the option and the range.
+TEST_F(ConfigTest, ReaderThreadsBounds) {
+  EXPECT_EQ(TrainConfig{}.reader_threads, 8);
+  EXPECT_EQ(parse({"--reader-threads", "3"}).config.reader_threads, 3);
+  const std::string path = write("readers.ini", "[data]\nreader_threads = 65\n");
+  const TrainConfig from_file = parse({"--config", path}).config;
+  EXPECT_EQ(from_file.reader_threads, 65);
+  EXPECT_EQ(config_error([&] { validate(from_file); }),
+            "--reader-threads 65: must be in [1, 64] (reads in flight a rank; 1 = one at a time)");
+  for (int threads : {kMinReaderThreads - 1, -3, kMaxReaderThreads + 1}) {
+    TrainConfig config;
+    config.reader_threads = threads;
+    EXPECT_EQ(config_error([&] { validate(config); }).rfind(
+                  "--reader-threads " + std::to_string(threads) + ": must be in [1, 64]", 0),
+              0u);
+  }
+  for (int threads : {kMinReaderThreads, kMaxReaderThreads}) {
+    TrainConfig config;
+    config.reader_threads = threads;
+    EXPECT_NO_THROW(validate(config));
+  }
+}
+
 TEST_F(ConfigTest, CommandLineBeatsIniFile) {
   const std::string path = write("run.ini", "[training]\nepochs = 5\nlr = 0.1\n");
   const TrainConfig config = parse({"--epochs", "7", "--config", path}).config;
@@ -306,6 +332,7 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
 
   config.dataset_path = "/scratch/some dir/set.h5";
   config.drop_last = true;
+  config.reader_threads = 5;
   config.model = "resnet18";
   config.max_steps = 123456789012;
   config.lr = 0.1 + 0.2;  // 0.30000000000000004: needs 17 digits
@@ -369,7 +396,7 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "wins over the file", "--version", "General", "Data [data]", "Model [model]",
         "Training [training]", "Runtime [runtime]", "Output [output]",
         "--dataset TEXT (=data/fashion-mnist.h5)", "--drop-last [=true|false] (=false)",
-        "--prefetch N (=4)", "--model TEXT (=simple_cnn)", "--epochs N (=10)",
+        "--prefetch N (=4)", "--reader-threads N (=8)", "--model TEXT (=simple_cnn)", "--epochs N (=10)",
         "--max-steps N (=0)", "--micro-batch N (=64)", "--optimizer TEXT (=adamw)",
         "--lr X (=0.001)", "--beta1 X (=0.9)", "--beta2 X (=0.999)", "--eps X (=1e-08)",
         "--weight-decay X (=0.01)", "--seed N (=42)", "--threads-per-rank N (=0)",

@@ -25,6 +25,7 @@
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/io/reader_threads.h"
 #include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/runtime/runtime.h"
 #include "file_accesses.h"
@@ -87,16 +88,22 @@ void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got
     ASSERT_EQ(image[i], pixel(split, index, i)) << "sample " << index << ", byte " << i;
 }
 
-template <typename F>
-void expect_data_error(F&& f, const std::vector<std::string>& parts) {
+// The DataError message of `f`, or a failure when it throws none.
+std::string data_error_message(const std::function<void()>& f) {
   try {
     f();
-    ADD_FAILURE() << "no DataError thrown";
   } catch (const DataError& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
+    return e.what();
   }
+  ADD_FAILURE() << "no DataError thrown";
+  return "";
+}
+
+void expect_data_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  const std::string message = data_error_message(f);
+  for (const std::string& part : parts)
+    EXPECT_NE(message.find(part), std::string::npos) << "message: " << message
+                                                     << "\nmissing: " << part;
 }
 
 // Opens `path` for writing with the plain HDF5 API and lets `edit` change it: this is how the
@@ -744,6 +751,91 @@ TEST_F(DatasetFileTest, ASampleReadReadsOnlyItsBytes) {
     EXPECT_EQ(image[0], 1);
     EXPECT_EQ(image[static_cast<size_t>(sample_bytes) - 1], static_cast<uint8_t>(sample_bytes));
   }
+}
+
+// Note [Reads in flight]: a batch read with several reads in flight gives the bytes and labels of
+// reading them one after another, and a file cut short under an open dataset fails with the same
+// DataError (file, split, byte offset) whatever the count: the first failing read in order.
+TEST_F(DatasetFileTest, ReadsInFlightEqualReadsInTurn) {
+  DatasetContents contents = two_classes(3, 16, 16);  // 768-byte samples, 16 to a chunk
+  const int64_t sample_bytes = contents.info.sample_bytes();
+  const int64_t samples = 200;
+  for (int64_t s = 0; s < samples; ++s) {
+    contents.train_labels.push_back(s % 2);
+    for (int64_t i = 0; i < sample_bytes; ++i)
+      contents.train_images.push_back(static_cast<uint8_t>(s * 31 + i * 7));
+  }
+  const std::string whole = path("in_flight.h5");
+  const std::string cut = path("cut_short.h5");
+  if (world_rank() == 0) {
+    write_dataset_file(whole, contents);
+    fs::copy_file(whole, cut);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Every sample, shuffled, some twice (runs of neighbours too), as an epoch's batch would be.
+  std::vector<int64_t> indices = rank_epoch_indices(world_rank() + 1, 0, samples, 1, 0,
+                                                    EpochTail::kPad, true);
+  indices.insert(indices.end(), {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 7});
+  const size_t batch_bytes = indices.size() * static_cast<size_t>(sample_bytes);
+  const std::vector<int> counts = {1, 3, kMaxReaderThreads};
+  for (FileAccess access : accesses()) {
+    SCOPED_TRACE(access_name(access));
+    std::vector<uint8_t> in_turn;
+    for (int reads_in_flight : counts) {
+      SCOPED_TRACE("reads in flight: " + std::to_string(reads_in_flight));
+      const DatasetFile file = DatasetFile::open(whole, access, MPI_COMM_WORLD, reads_in_flight);
+      std::vector<uint8_t> images(batch_bytes);
+      std::vector<int64_t> labels(indices.size());
+      file.read_samples(Split::kTrain, indices, images.data(), labels.data());
+      for (size_t k = 0; k < indices.size(); ++k) ASSERT_EQ(labels[k], indices[k] % 2);
+      if (in_turn.empty()) {
+        in_turn = images;
+        for (size_t k = 0; k < indices.size(); ++k)
+          ASSERT_TRUE(std::equal(images.begin() + k * sample_bytes,
+                                 images.begin() + (k + 1) * sample_bytes,
+                                 contents.train_images.begin() + indices[k] * sample_bytes));
+      }
+      EXPECT_EQ(images, in_turn);  // bitwise
+    }
+
+    // Opened and read once (every chunk's address known), then cut to half its size: the reads
+    // of the samples beyond the cut find the file's end.
+    std::vector<DatasetFile> files;
+    for (int reads_in_flight : counts) {
+      files.push_back(DatasetFile::open(cut, access, MPI_COMM_WORLD, reads_in_flight));
+      std::vector<uint8_t> images(batch_bytes);
+      std::vector<int64_t> labels(indices.size());
+      files.back().read_samples(Split::kTrain, indices, images.data(), labels.data());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const uintmax_t cut_bytes = fs::file_size(whole) / 2;
+    if (world_rank() == 0) fs::resize_file(cut, cut_bytes);
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::string first_message;
+    for (size_t f = 0; f < files.size(); ++f) {
+      SCOPED_TRACE("reads in flight: " + std::to_string(counts[f]));
+      std::vector<uint8_t> images(batch_bytes);
+      std::vector<int64_t> labels(indices.size());
+      const std::string message = data_error_message(
+          [&] { files[f].read_samples(Split::kTrain, indices, images.data(), labels.data()); });
+      const std::string at = ": reading /train/images at byte ";
+      ASSERT_EQ(message.rfind(cut + at, 0), 0u) << message;
+      EXPECT_GE(std::stoull(message.substr(cut.size() + at.size())), cut_bytes) << message;
+      EXPECT_NE(message.find("the file ends there (truncated?)"), std::string::npos) << message;
+      if (f == 0) first_message = message;
+      EXPECT_EQ(message, first_message);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    files.clear();  // collective closes with MPI-IO
+    if (world_rank() == 0) fs::copy_file(whole, cut, fs::copy_options::overwrite_existing);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_F(DatasetFileTest, OpenRejectsAThreadCountOutOfRange) {
+  for (int reads_in_flight : {kMinReaderThreads - 1, kMaxReaderThreads + 1})
+    EXPECT_THROW(DatasetFile::open(valid_, FileAccess::kSerial, MPI_COMM_NULL, reads_in_flight),
+                 Error);
 }
 
 TEST(FileAccessChoice, PreferredAccess) {

@@ -38,6 +38,7 @@
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
+#include "hpc_train/io/reader_threads.h"
 #include "hpc_train/model/model_names.h"
 #include "hpc_train/runtime/runtime.h"
 
@@ -88,6 +89,8 @@ const OptionSpec kOptions[] = {
      "('data/x-*.h5') or a shard index file (hpc_train_data shard writes both)"},
     {"drop-last", "data", &TrainConfig::drop_last, "drop each epoch's tail instead of padding it"},
     {"prefetch", "data", &TrainConfig::prefetch_batches, "batches read ahead by the loader thread"},
+    {"reader-threads", "data", &TrainConfig::reader_threads,
+     "reads of a batch's samples in flight at once, a rank (1 = one after another)"},
     {"augment", "data", &TrainConfig::augment,
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
@@ -640,6 +643,10 @@ void validate(const TrainConfig& c) {
           "give the HDF5 dataset file (hpc_train_data converts MNIST, CIFAR-10, ...)");
   require(c.prefetch_batches >= 1, "prefetch", c.prefetch_batches,
           "must be at least 1 (batches read ahead)");
+  require(c.reader_threads >= kMinReaderThreads && c.reader_threads <= kMaxReaderThreads,
+          "reader-threads", c.reader_threads,
+          "must be in [" + std::to_string(kMinReaderThreads) + ", " +
+              std::to_string(kMaxReaderThreads) + "] (reads in flight a rank; 1 = one at a time)");
   require(c.data_store_limit_mb >= 0 && c.data_store_limit_mb <= kMaxDataStoreLimitMiB,
           "data-store-limit-mb", c.data_store_limit_mb,
           "must be 0 (the node's available memory / its ranks) or a number of MiB up to 2^40");

@@ -19,6 +19,7 @@
 #include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/io/atomic_file.h"
 #include "hpc_train/io/file_descriptor.h"
+#include "hpc_train/io/reader_threads.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
 
@@ -112,6 +113,15 @@ struct SplitDatasets {
 // without the HDF5 lock. Other layouts (compressed, chunks of part of a sample, contiguous) and
 // chunks never written go through H5Dread. Measured throughput does not settle whether this is
 // faster on the development machine's virtual disk (bench/results-data-cpu-2026-12-04.txt).
+//
+// Note [Reads in flight]: one such read at a time leaves a disk (an SSD, a virtual disk, a
+// parallel file system) idle between reads: it serves a random read in about the time it
+// serves many at once, so one rank's loader thread waiting for each ~150 KB sample in turn
+// delivered 0.18-0.29 of the disk's sequential bandwidth (bench/data_bench.sh, 3 ranks). So a
+// batch's reads are planned first, under the HDF5 lock, then issued together on the dataset's
+// ReaderThreads (--reader-threads in flight a rank), each into its own part of the staging
+// buffer: the bytes, and where they land, are those of reading them one after another, and a
+// failed read throws the DataError the first failing one in order would have thrown.
 #if H5_VERSION_GE(1, 10, 5)
 constexpr bool kDirectChunkReads = true;
 #else
@@ -800,6 +810,8 @@ FileAccess preferred_file_access(bool mpi_thread_multiple) {
 }
 
 struct DatasetFile::Impl {
+  explicit Impl(int reads_in_flight) : readers(reads_in_flight) {}
+
   std::string path;
   FileAccess access = FileAccess::kSerial;
   DatasetInfo info;
@@ -809,6 +821,8 @@ struct DatasetFile::Impl {
   // indices [first[s], first[s + 1]).
   std::vector<int64_t> train_first{0};
   std::vector<int64_t> test_first{0};
+  // Note [Reads in flight]: mutable because reading is const; ReaderThreads is thread-safe.
+  mutable ReaderThreads readers;
 
   const std::vector<int64_t>& first(Split s) const {
     return s == Split::kTrain ? train_first : test_first;
@@ -853,7 +867,8 @@ const std::string& DatasetFile::path() const { return impl_->path; }
 const DatasetInfo& DatasetFile::info() const { return impl_->info; }
 const std::vector<DatasetShard>& DatasetFile::shards() const { return impl_->shards; }
 
-DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Comm comm) {
+DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Comm comm,
+                              int reads_in_flight) {
   if (access == FileAccess::kMpiIo) {
     if (!kParallelHdf5)
       throw Error("cannot open " + path + " with MPI-IO: this HDF5 library is serial");
@@ -862,7 +877,7 @@ DatasetFile DatasetFile::open(const std::string& path, FileAccess access, MPI_Co
   const DatasetSources sources = access == FileAccess::kMpiIo
                                      ? agreed_dataset_sources(path, comm)
                                      : resolve_dataset_sources(path);
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(reads_in_flight);
   impl->path = path;
   impl->access = access;
   impl->files.reserve(sources.shards.size());
@@ -946,7 +961,8 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
       begin = end;
     }
   }
-  for (const DirectRead& read : direct) read_fully(read, split);
+  // Note [Reads in flight]
+  d.readers.run(direct.size(), [&](size_t r) { read_fully(direct[r], split); });
   for (size_t k = 0; k < indices.size(); ++k) {
     const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
     std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);

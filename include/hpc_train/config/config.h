@@ -22,6 +22,7 @@ struct TrainConfig {
   std::string dataset_path = kDefaultDatasetPath;  // --dataset
   bool drop_last = false;      // --drop-last: drop the epoch's tail instead of padding it
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
+  int reader_threads = 8;      // --reader-threads: a batch's reads in flight (reader_threads.h)
   Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
   Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
   DataStore data_store = DataStore::kFile;  // --data-store file|memory (sample_store.h)

@@ -73,8 +73,10 @@ class DatasetFile {
   // then every shard is opened and validated so, once, and must have the first shard's layout
   // (Note [Shard layout]) and the counts its index declares; a DataError names both files and
   // the value that differs. info() is then the set's: summed sizes, the first shard's source.
+  // `reads_in_flight` (kMinReaderThreads to kMaxReaderThreads, reader_threads.h): how many of
+  // one read_samples' reads run at once (Note [Reads in flight]); 1 reads them in turn.
   static DatasetFile open(const std::string& path, FileAccess access = FileAccess::kSerial,
-                          MPI_Comm comm = MPI_COMM_NULL);
+                          MPI_Comm comm = MPI_COMM_NULL, int reads_in_flight = 1);
   ~DatasetFile();
   DatasetFile(DatasetFile&&) noexcept;
   DatasetFile& operator=(DatasetFile&&) noexcept;

@@ -17,6 +17,9 @@
 # BASELINE_BUILD_DIR: a build (its hpc_train) of the version to compare with; both are run on the
 # same file. SIZE_GB (default 1.5 x RAM) sets the dataset's size, STEPS (300) and MICRO_BATCH (32)
 # the run, WORK_DIR (bench-data-work) where the file goes, KEEP=1 keeps it afterwards.
+# READER_THREADS="1 4 8" runs BUILD_DIR's hpc_train once per count of --reader-threads (rows
+# this-r1, this-r4, ...; Note [Reads in flight]); unset, once with its default. Then the reads
+# alone, without training, per count (rows reads-r1, ...; below).
 # Then the read-once store (--data-store memory) against the file on a dataset that fits in
 # memory: data_store_bench.sh (DATA_STORE=0 leaves it out).
 set -euo pipefail
@@ -61,14 +64,15 @@ with open("reads.%s" % os.environ.get("OMPI_COMM_WORLD_RANK", "0"), "w") as out:
 sys.exit(code)
 PY
 
-run() {  # NAME HPC_TRAIN: one measured run, its table rows
+run() {  # NAME HPC_TRAIN [OPTION...]: one measured run, its table rows
   local name=$1 hpc_train=$2
+  shift 2
   rm -rf "run-$name" reads.*
   drop_caches
   "$hpc_train" --version > /dev/null  # the libraries' pages in memory before the measurement
   mpirun --oversubscribe -np $ranks python3 rank_reads.py "$hpc_train" --dataset imagenet_shaped.h5 \
     --model pooled_linear.pt --augment off --epochs 1 --max-steps "$steps" --micro-batch "$micro_batch" \
-    --log-every 100 --run-dir "run-$name" > "run-$name.log" 2>&1 ||
+    --log-every 100 --run-dir "run-$name" "$@" > "run-$name.log" 2>&1 ||
     { echo "hpc_train failed ($name):"; tail -5 "run-$name.log"; return 1; }
   python3 - "$name" "$steps" "$micro_batch" "$sample_bytes" "$disk_mb_s" "$ranks" <<'PY'
 import json, sys
@@ -89,7 +93,36 @@ echo "$ranks ranks, $steps steps of $micro_batch samples each; read/delivered: s
 echo "sample byte; delivered/disk: all ranks' MB/s over the disk's sequential MB/s"
 printf "%-9s %4s %10s %8s %14s %14s\n" build rank samples/s MB/s read/delivered delivered/disk
 [ -z "$baseline" ] || run baseline "$baseline/hpc_train"
-run this "$build/hpc_train"
+if [ -z "${READER_THREADS:-}" ]; then
+  run this "$build/hpc_train"
+else
+  for threads in $READER_THREADS; do run "this-r$threads" "$build/hpc_train" --reader-threads "$threads"; done
+fi
+
+# The reads alone (read_samples_bench: the trainer's loader, no model; on 2 cores hpc_train is
+# bound by the CPU before the disk), per count of READER_THREADS (default 1 and 8; 1 reads one
+# after another as before Note [Reads in flight]), each run on another epoch's samples so that a
+# run does not read what the one before it pulled through the host's cache.
+echo
+echo "reads alone: $steps batches of $micro_batch a rank through the loader, no training"
+printf "%-9s %4s %10s %8s %14s %14s\n" build rank samples/s MB/s read/delivered delivered/disk
+epoch=1
+for threads in ${READER_THREADS:-1 8}; do
+  drop_caches
+  mpirun --oversubscribe -np $ranks "$build/read_samples_bench" imagenet_shaped.h5 "$threads" \
+    "$steps" "$micro_batch" "$epoch" > "reads-r$threads.log" 2>&1 ||
+    { echo "read_samples_bench failed (r$threads):"; tail -5 "reads-r$threads.log"; exit 1; }
+  python3 - "reads-r$threads" "$ranks" "$disk_mb_s" <<'PY'
+import re, sys
+name, ranks, disk_mb_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+rows = sorted(re.findall(r"rank (\d+) samples/s ([0-9.]+) MB/s ([0-9.]+) storage_read_bytes (-?\d+) "
+                         r"delivered_bytes (\d+)", open(name + ".log").read()), key=lambda row: int(row[0]))
+for rank, samples_per_s, mb_s, read_bytes, delivered_bytes in rows:
+    print("%-9s %4d %10.1f %8.1f %14.3f %14.3f" % (name, int(rank), float(samples_per_s), float(mb_s),
+          int(read_bytes) / int(delivered_bytes), float(mb_s) * ranks / disk_mb_s))
+PY
+  epoch=$((epoch + 1))
+done
 
 if [ "${DATA_STORE:-1}" = 1 ]; then
   echo

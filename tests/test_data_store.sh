@@ -9,7 +9,10 @@
 #   2. a store's run checkpointed mid-epoch and resumed with the store ends where the file run
 #      ends;
 #   3. a share over --data-store-limit-mb ends every rank with exit 2 naming the option; so do
-#      --data-store memory with --resident-data on, a negative limit and an unknown store.
+#      --data-store memory with --resident-data on, a negative limit and an unknown store;
+#   4. a store's run of 3 ranks checkpointed mid-epoch and resumed with the store on 2 ranks (the
+#      same global batch) sees, over the whole run and in every step after the resume, the
+#      samples of the uninterrupted run (the sample traces), and ends with its weights to 1e-5.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 
@@ -18,16 +21,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 mkdir parts
 "$HPC_TRAIN_DATA" shard slice.h5 --shards 3 parts/slice > /dev/null
 
-# train NP NAME [options...]: one run over $dataset (slice.h5 unless set), its output in
-# NAME.out, its weights in NAME.safetensors, its sample trace in NAME.trace.<rank>.
-common=(--epochs 2 --micro-batch 7 --grad-accum 2 --lr 0.002 --progress lines --log-every 2
+# train NP NAME [options...]: one run over $dataset (slice.h5 unless set) with $accumulation
+# (section 4 changes it), its output in NAME.out, its weights in NAME.safetensors, its sample
+# trace in NAME.trace.<rank>.
+common=(--epochs 2 --micro-batch 7 --lr 0.002 --progress lines --log-every 2
         --checkpoint-epochs off)
+accumulation=2
 dataset=slice.h5
 train() {
   local np=$1 name=$2
   shift 2
   HPC_TRAIN_TEST_SAMPLE_TRACE="$PWD/$name.trace" timeout 300 "$MPIEXEC" -np "$np" --oversubscribe \
-    "$HPC_TRAIN" "${common[@]}" --dataset "$dataset" --run-dir "$name" \
+    "$HPC_TRAIN" "${common[@]}" --grad-accum "$accumulation" --dataset "$dataset" --run-dir "$name" \
     --export-weights "$name.safetensors" "$@" \
     > "$name.out" 2>&1 || { cat "$name.out"; fail "run $name failed"; }
 }
@@ -106,4 +111,49 @@ expect_failure 2 "--data-store-limit-mb -1: must be 0" \
 expect_failure 2 "disk" \
   timeout 120 "$MPIEXEC" -np 1 "$HPC_TRAIN" "${common[@]}" --dataset slice.h5 --run-dir refused --data-store disk
 grep -qF "file or memory" stderr.txt || fail "--data-store disk: the choices are not named: $(cat stderr.txt)"
+echo "== 4. checkpointed on 3 ranks, resumed with the store on 2"
+# 252 train samples: 84 a rank on 3, 126 on 2, so that neither pads an epoch and the whole run
+# sees every sample twice. Global batch 42: 3 x 7 x accumulation 2, then 2 x 7 x 3; 6 steps an
+# epoch, 12 in the run; the resume is at step 4, mid-epoch.
+"$HPC_TRAIN_DATA" convert fashion-mnist "${HPC_TRAIN_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" \
+  even.h5 --max-train 252 --max-test 10 > /dev/null
+dataset=even.h5
+train 3 straight-3 --data-store memory
+train 3 stopped-3 --data-store memory --max-steps 4 --checkpoint-every 4
+accumulation=3
+train 2 reshaped-2 --data-store memory --resume stopped-3/checkpoints/step-00000004.h5
+grep -qF "saved by 3 rank(s), continuing on 2" reshaped-2.out || fail "reshaped-2: no line of the new world size"
+grep -qF "Data store: rank 0 read" reshaped-2.out || fail "reshaped-2: the store was not read"
+python3 - "$PWD" <<'PY' || fail "the reshaped resume saw other samples than the uninterrupted run"
+import collections, glob, sys
+work = sys.argv[1]
+def steps(name, last_step=None):
+    """{step: Counter of sample indices} from every rank's trace (a line: epoch step indices...)."""
+    out = collections.defaultdict(collections.Counter)
+    for path in glob.glob(f"{work}/{name}.trace.*"):
+        for line in open(path):
+            epoch, step, *indices = map(int, line.split())
+            if last_step is None or step <= last_step:
+                out[step].update(indices)
+    return out
+straight = steps("straight-3")
+resumed = steps("stopped-3", 4)
+for step, samples in steps("reshaped-2").items():
+    if step <= 4:
+        sys.exit(f"the resumed run traced step {step}, before its checkpoint")
+    resumed[step] = samples
+total = lambda runs: sum(runs.values(), collections.Counter())
+assert sorted(straight) == list(range(1, 13)), sorted(straight)
+if total(straight) != collections.Counter({i: 2 for i in range(252)}):
+    sys.exit("the uninterrupted run did not see every sample twice")
+if sorted(resumed) != sorted(straight) or total(resumed) != total(straight):
+    sys.exit("the samples seen over the run differ from the uninterrupted run's")
+for step in straight:
+    if resumed[step] != straight[step]:
+        sys.exit(f"step {step} saw other samples than the uninterrupted run's")
+print("sample trace: every sample twice, each step's 42 those of the uninterrupted run")
+PY
+python3 "$HPC_TRAIN_SOURCE_DIR/tests/support/check_safetensors.py" reshaped-2.safetensors \
+  --compare straight-3.safetensors --quiet --rtol 1e-5 ||
+  fail "the reshaped resume with the store ends with other weights than the uninterrupted run"
 echo "PASS"

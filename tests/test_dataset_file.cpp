@@ -28,6 +28,7 @@
 #include "hpc_train/io/reader_threads.h"
 #include "hpc_train/monitor/storage_io.h"
 #include "hpc_train/runtime/runtime.h"
+#include "expect_error.h"
 #include "file_accesses.h"
 #include "mpi_world.h"
 
@@ -88,22 +89,16 @@ void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got
     ASSERT_EQ(image[i], pixel(split, index, i)) << "sample " << index << ", byte " << i;
 }
 
-// The DataError message of `f`, or a failure when it throws none.
-std::string data_error_message(const std::function<void()>& f) {
+template <typename F>
+void expect_data_error(F&& f, const std::vector<std::string>& parts) {
   try {
     f();
+    ADD_FAILURE() << "no DataError thrown";
   } catch (const DataError& e) {
-    return e.what();
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << part;
   }
-  ADD_FAILURE() << "no DataError thrown";
-  return "";
-}
-
-void expect_data_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  const std::string message = data_error_message(f);
-  for (const std::string& part : parts)
-    EXPECT_NE(message.find(part), std::string::npos) << "message: " << message
-                                                     << "\nmissing: " << part;
 }
 
 // Opens `path` for writing with the plain HDF5 API and lets `edit` change it: this is how the
@@ -816,8 +811,8 @@ TEST_F(DatasetFileTest, ReadsInFlightEqualReadsInTurn) {
       SCOPED_TRACE("reads in flight: " + std::to_string(counts[f]));
       std::vector<uint8_t> images(batch_bytes);
       std::vector<int64_t> labels(indices.size());
-      const std::string message = data_error_message(
-          [&] { files[f].read_samples(Split::kTrain, indices, images.data(), labels.data()); });
+      const std::string message = test_support::data_error_naming(
+          cut, [&] { files[f].read_samples(Split::kTrain, indices, images.data(), labels.data()); });
       const std::string at = ": reading /train/images at byte ";
       ASSERT_EQ(message.rfind(cut + at, 0), 0u) << message;
       EXPECT_GE(std::stoull(message.substr(cut.size() + at.size())), cut_bytes) << message;

@@ -115,13 +115,15 @@ struct SplitDatasets {
 // faster on the development machine's virtual disk (bench/results-data-cpu-2026-12-04.txt).
 //
 // Note [Reads in flight]: one such read at a time leaves a disk (an SSD, a virtual disk, a
-// parallel file system) idle between reads: it serves a random read in about the time it
-// serves many at once, so one rank's loader thread waiting for each ~150 KB sample in turn
-// delivered 0.18-0.29 of the disk's sequential bandwidth (bench/data_bench.sh, 3 ranks). So a
-// batch's reads are planned first, under the HDF5 lock, then issued together on the dataset's
-// ReaderThreads (--reader-threads in flight a rank), each into its own part of the staging
-// buffer: the bytes, and where they land, are those of reading them one after another, and a
-// failed read throws the DataError the first failing one in order would have thrown.
+// parallel file system) idle while the rank copies and waits, and the deep queues that such
+// devices serve best are never filled. So a batch's reads are planned first, under the HDF5
+// lock, then issued together on the dataset's ReaderThreads (--reader-threads in flight a
+// rank), each into its own part of the staging buffer: the bytes, and where they land, are
+// those of reading them one after another, and a failed read throws the DataError the first
+// failing one in order would have thrown. Measured on the development machine's virtual disk
+// (bench/results-data-cpu-2026-12-04.txt, 3 ranks reading ~150 KB samples without training):
+// 8 in flight read 1.21-1.26x what 1 does, 0.70-0.87 of dd's sequential figure; 4 to 16 alike,
+// 32 slower; the bytes read per byte delivered unchanged.
 #if H5_VERSION_GE(1, 10, 5)
 constexpr bool kDirectChunkReads = true;
 #else

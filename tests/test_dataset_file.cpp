@@ -89,17 +89,7 @@ void expect_sample(Split split, int64_t index, const uint8_t* image, int64_t got
     ASSERT_EQ(image[i], pixel(split, index, i)) << "sample " << index << ", byte " << i;
 }
 
-template <typename F>
-void expect_data_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no DataError thrown";
-  } catch (const DataError& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << part;
-  }
-}
+using ::test_support::expect_data_error;
 
 // Opens `path` for writing with the plain HDF5 API and lets `edit` change it: this is how the
 // foreign files below are made, bypassing every check of write_dataset_file.

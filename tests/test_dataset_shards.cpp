@@ -20,6 +20,7 @@
 #include "hpc_train/data/dataset_shards.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/runtime.h"
+#include "expect_error.h"
 #include "file_accesses.h"
 #include "mpi_world.h"
 #include "synthetic_dataset.h"
@@ -36,17 +37,7 @@ using ::test_support::access_name;
 using ::test_support::accesses;
 using ::test_support::thread_multiple;
 
-// `action` throws DataError (on every rank) whose message holds each of `parts`.
-void expect_data_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no DataError; expected one mentioning '" << parts.front() << "'";
-  } catch (const DataError& e) {
-    for (const std::string& part : parts)
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message: " << e.what() << "\nlacks: " << part;
-  }
-}
+using ::test_support::expect_data_error;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

@@ -35,11 +35,6 @@
 
 namespace hpc_train {
 
-namespace {
-
-
-}  // namespace
-
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
 struct Trainer::Impl {

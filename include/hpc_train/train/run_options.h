@@ -52,7 +52,7 @@ bool capture_steps(const TrainConfig& config, const Placement& placement);
 // Whether the train split is kept on the GPU (--resident-data): on, or auto for a split of at
 // most kAutoResidentBytes on a GPU without the read-once store (Note [Store and resident data]
 // in config.cpp: with a store, auto keeps nothing resident).
-inline constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;  // CIFAR-10's: 154 MB
+inline constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;  // CIFAR-10 takes 154 MB
 bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
 
 }  // namespace hpc_train

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "hpc_train/runtime/cuda_check.h"
+#include "hpc_train/runtime/cuda_float.cuh"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -40,22 +41,6 @@ template <typename T>
 struct alignas(sizeof(T) * kVectorElements) Vector {
   T element[kVectorElements];
 };
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Round to nearest even, as LibTorch's casts.
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // How many elements `p` lies past a vector boundary.
 template <typename T>

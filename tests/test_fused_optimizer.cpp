@@ -43,6 +43,7 @@
 #include "hpc_train/optim/optimizer.h"
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/optim/zero_optimizer.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -52,18 +53,7 @@ constexpr double kUnitRoundoff = 0x1p-24;  // fp32
 constexpr double kSafety = 4.0;            // Note [Fused test tolerances]
 constexpr double kNormTolerance = 1e-9;    // relative, fp64 sums in different orders
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* fixed = std::getenv("HPC_TRAIN_TEST_SEED");
-    const uint64_t chosen = fixed ? std::strtoull(fixed, nullptr, 10)
-                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                                        std::random_device{}();
-    std::printf("test_fused_optimizer: seed %llu (HPC_TRAIN_TEST_SEED=%llu repeats this run)\n",
-                static_cast<unsigned long long>(chosen), static_cast<unsigned long long>(chosen));
-    return chosen;
-  }();
-  return seed;
-}
+uint64_t test_seed() { return hpc_train::testing::test_seed("test_fused_optimizer"); }
 
 // A generator per test, so that one test's draws do not depend on which others ran.
 std::mt19937_64 generator_for(uint64_t salt) {

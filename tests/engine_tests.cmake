@@ -31,9 +31,12 @@ hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300
 hpc_train_add_script_test(NAME test_deepspeed_run SCRIPT test_deepspeed_run.sh TIMEOUT 300)
 
 # The fused optimizer kernels against a float64 reference, fp16 overflow handling and CUDA-graph
-# replay: they need a GPU, so only the GPU build has them (ctest -L gpu).
+# replay, and the fused batch norm's: they need a GPU, so only the GPU build has them (ctest -L gpu).
 if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_test(NAME test_fused_optimizer SOURCES test_fused_optimizer.cpp RANKS 1
+                     TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
+  # The fused batch-norm kernels against LibTorch's ops in fp64 (Note [Fused batch norm]).
+  hpc_train_add_test(NAME test_fused_batch_norm SOURCES test_fused_batch_norm.cpp RANKS 1
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
 endif()
 

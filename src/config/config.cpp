@@ -161,6 +161,9 @@ const OptionSpec kOptions[] = {
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
      "GPU: time cuDNN's convolution algorithms for the micro-batch's shape (once, in the first "
      "steps) and keep the fastest; other shapes use cuDNN's heuristics"},
+    {"fused-batch-norm", "runtime", &TrainConfig::fused_batch_norm,
+     "GPU: the built-in ResNets' batch norm, ReLU and residual add as fused kernels in "
+     "training (channels-last); off: LibTorch's batch norm"},
     {"deterministic", "runtime", &TrainConfig::deterministic,
      "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
     {"cuda-profiler-start-step", "runtime", &TrainConfig::cuda_profiler_start_step,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "hpc_train/model/batch_norm_act.h"
 #include "hpc_train/model/model_zoo.h"
 
 namespace hpc_train::zoo {
@@ -31,6 +32,19 @@ nn::Sequential projection(int64_t in, int64_t out, int64_t stride) {
   return nn::Sequential(nn::Conv2d(conv1x1(in, out, stride)), nn::BatchNorm2d(out));
 }
 
+// A block's shortcut: the identity, or the projection's convolution and batch norm.
+torch::Tensor shortcut(const nn::Sequential& downsample, const torch::Tensor& x) {
+  if (!downsample) return x;
+  return batch_norm_act(downsample->ptr(0)->as<nn::Conv2dImpl>()->forward(x),
+                        *downsample->ptr(1)->as<nn::BatchNorm2dImpl>(), {}, Activation::kNone);
+}
+
+// relu(bn(x)), relu(bn(x) + residual) (batch_norm_act.h: fused on a GPU).
+torch::Tensor bn_relu(nn::BatchNorm2d& bn, const torch::Tensor& x,
+                      const torch::Tensor& residual = {}) {
+  return batch_norm_act(x, *bn, residual, Activation::kRelu);
+}
+
 // torchvision's BasicBlock: two 3x3 convolutions with batch norm, identity or 1x1 shortcut.
 class BasicBlockImpl : public nn::Module {
  public:
@@ -46,9 +60,8 @@ class BasicBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    auto y = torch::relu(bn1_->forward(conv1_->forward(x)));
-    y = bn2_->forward(conv2_->forward(y));
-    return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
+    const torch::Tensor y = bn_relu(bn1_, conv1_->forward(x));
+    return bn_relu(bn2_, conv2_->forward(y), shortcut(downsample_, x));
   }
 
  private:
@@ -77,10 +90,9 @@ class BottleneckImpl : public nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    auto y = torch::relu(bn1_->forward(conv1_->forward(x)));
-    y = torch::relu(bn2_->forward(conv2_->forward(y)));
-    y = bn3_->forward(conv3_->forward(y));
-    return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
+    auto y = bn_relu(bn1_, conv1_->forward(x));
+    y = bn_relu(bn2_, conv2_->forward(y));
+    return bn_relu(bn3_, conv3_->forward(y), shortcut(downsample_, x));
   }
 
  private:
@@ -129,7 +141,7 @@ class ResNet : public Model {
   }
 
   torch::Tensor forward(const torch::Tensor& images) override {
-    auto x = torch::relu(bn1_->forward(conv1_->forward(images)));
+    auto x = bn_relu(bn1_, conv1_->forward(images));
     if (stem_ == ResNetStem::kImageNet) x = torch::max_pool2d(x, 3, 2, 1);
     for (auto& layer : layers_) x = layer->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
@@ -160,9 +172,9 @@ class WideBlockImpl : public nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    const torch::Tensor activated = torch::relu(bn1_->forward(x));
+    const torch::Tensor activated = bn_relu(bn1_, x);
     auto y = conv1_->forward(activated);
-    y = conv2_->forward(torch::relu(bn2_->forward(y)));
+    y = conv2_->forward(bn_relu(bn2_, y));
     return y + (downsample_ ? downsample_->forward(activated) : x);
   }
 
@@ -215,7 +227,7 @@ class WideResNet : public Model {
   torch::Tensor forward(const torch::Tensor& images) override {
     auto x = conv1_->forward(images);
     for (auto& layer : layers_) x = layer->forward(x);
-    x = torch::relu(bn_->forward(x));
+    x = bn_relu(bn_, x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_->forward(x);
   }

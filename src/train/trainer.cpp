@@ -16,6 +16,7 @@
 #include "hpc_train/data/sample_store.h"
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
+#include "hpc_train/model/batch_norm_act.h"
 #include "hpc_train/model/flat_parameters.h"
 #include "hpc_train/monitor/gpu_monitor.h"
 #include "hpc_train/model/initial_weights.h"
@@ -136,6 +137,7 @@ struct Trainer::Impl {
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
     phase_ends("data");  // the store's read, the resident split's copy to the GPU
     if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
+    set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();

@@ -82,6 +82,9 @@ struct TrainConfig {
   Switch cuda_graph = Switch::kAuto;
   bool channels_last = true;      // --channels-last: NHWC inputs and conv weights on the GPU
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
+  // --fused-batch-norm: the zoo's ResNets' batch norms, with their ReLU and residual add, as the
+  // fused kernels of ours in training on a GPU (batch_norm_act.h); off: LibTorch's ops
+  bool fused_batch_norm = true;
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
   // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
   bool deterministic = false;

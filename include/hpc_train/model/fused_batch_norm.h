@@ -1,0 +1,92 @@
+// Batch norm in training mode with the ReLU and the residual add that follow it in a ResNet,
+// as kernels of ours (src/model/fused_batch_norm.cu) on channels-last activations:
+//
+//   forward    y = relu(batch_norm(x) + residual)   (the ReLU and the residual each optional)
+//   backward   dx, dweight, dbias and dresidual from dy, with the ReLU's mask read from y
+//
+// Note [Fused batch norm]
+// LibTorch runs a ResNet's `relu(bn(conv(x)) + shortcut)` as batch norm's two channels-last
+// kernels (statistics, then normalise), an add and a ReLU, each a pass over the activations, and
+// the same again backward. On an H200 these passes were a third of resnet18's kernel time, the
+// statistics kernel alone reading at ~0.5 TB/s (bench/results-h200-2026-12-04.txt). Here one
+// pass computes the statistics (Welford per thread, Chan's merge between threads and blocks), a
+// small kernel with a warp per channel finishes them (running statistics, scale and shift), and
+// one pass writes y; backward is one pass of per-channel sums, a warp per channel to finish
+// them, and one pass that writes dx (and dresidual). On an H200, resnet18 on CIFAR at batch 256
+// in bf16 went from 5.22 to 4.39-4.43 ms/step; under ncu the fused kernels took 1.7-1.9 ms (two variants) of
+// the step's kernel time, where LibTorch's four batch-norm kernels alone took 1.8 ms and its
+// ReLUs and adds more. The activations are [rows = N x H x W, channels], channels-last, read 16 bytes at
+// a time, all arithmetic in fp32. Blocks write partial results and fixed threads merge them in
+// a fixed order: no atomics, so the same inputs give the same bits (graph replays equal eager
+// steps, runs repeat). Nothing reads back to the host: the kernels can be captured.
+//
+// Torch-free: raw device pointers and sizes. Needs the CUDA runtime's headers, so only
+// GPU-build code includes it; batch_norm_act.h is the model's side.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hpc_train {
+
+enum class BnDtype : int32_t { kFloat32, kFloat16, kBFloat16 };
+
+// How the kernels split [rows, channels]: a block covers `tile_vectors` 16-byte vectors of
+// channels and `row_lanes` rows at a time, over `rows_per_block` rows; `row_blocks` x
+// `channel_tiles` blocks write partial results.
+struct BnLayout {
+  int64_t rows = 0;
+  int64_t channels = 0;
+  BnDtype dtype = BnDtype::kFloat32;  // of the activations
+  int vector_elements = 0;            // channels per 16-byte vector
+  int tile_vectors = 0;
+  int row_lanes = 0;
+  int channel_tiles = 0;
+  int64_t row_blocks = 0;
+  int64_t rows_per_block = 0;
+  int64_t workspace_floats = 0;  // the float workspace either pass needs
+};
+
+// Whether the kernels take activations of this shape and dtype: channels a multiple of the
+// vector width (8 at 16 bits, 4 at 32) and more than one row (batch norm's own requirement).
+bool bn_layout_fits(int64_t rows, int64_t channels, BnDtype dtype);
+// The layout for the current device. Throws Error where bn_layout_fits says no.
+BnLayout bn_layout(int64_t rows, int64_t channels, BnDtype dtype);
+
+struct BnForwardArgs {
+  const void* x = nullptr;          // [rows, channels], layout.dtype
+  const void* residual = nullptr;   // the same, or null: none
+  void* y = nullptr;                // the same
+  bool relu = true;
+  BnDtype param_dtype = BnDtype::kFloat32;  // of weight, bias and the running statistics
+  const void* weight = nullptr;     // [channels]
+  const void* bias = nullptr;
+  void* running_mean = nullptr;     // updated: (1 - momentum) old + momentum batch
+  void* running_var = nullptr;      // ... with the batch's unbiased variance
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+  float* save_mean = nullptr;       // [channels] out: the batch's mean ...
+  float* save_invstd = nullptr;     // ... and 1 / sqrt(biased variance + eps), for backward
+  float* workspace = nullptr;       // layout.workspace_floats
+};
+void launch_bn_forward(const BnLayout& layout, const BnForwardArgs& args, cudaStream_t stream);
+
+struct BnBackwardArgs {
+  const void* dy = nullptr;         // [rows, channels], layout.dtype
+  const void* y = nullptr;          // the forward's output (the ReLU's mask); unused without relu
+  const void* x = nullptr;          // the forward's input
+  bool relu = true;
+  BnDtype param_dtype = BnDtype::kFloat32;
+  const void* weight = nullptr;     // [channels]
+  const float* save_mean = nullptr;
+  const float* save_invstd = nullptr;
+  void* dx = nullptr;               // [rows, channels] out
+  void* dresidual = nullptr;        // out, or null where the forward had no residual
+  void* dweight = nullptr;          // [channels] out, param_dtype
+  void* dbias = nullptr;
+  float* workspace = nullptr;       // layout.workspace_floats
+};
+void launch_bn_backward(const BnLayout& layout, const BnBackwardArgs& args, cudaStream_t stream);
+
+}  // namespace hpc_train

@@ -63,6 +63,9 @@ if [ -z "$only" ] || [[ resnet18-scripted-b256-bf16 =~ $only ]]; then
 fi
 run_case "resnet18-scripted-b256-bf16" cifar_synthetic.h5 resnet18.pt 256 bf16 --zero-stage 2 \
   --augment off
+# LibTorch's batch norm, add and ReLU instead of the fused kernels (Note [Fused batch norm]).
+run_case "resnet18-b256-bf16-unfused" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 \
+  --augment off --fused-batch-norm off
 run_case "resnet18-b256-bf16-eager" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 --augment off \
   --cuda-graph off
 # cuDNN's autotuning, which the PyTorch reference always has on (Note [cuDNN autotuning] in

@@ -16,7 +16,8 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | tail 
 mkdir -p "$out" && cd "$out"
 [ -f fm.h5 ] || "$build/hpc_train_data" convert fashion-mnist "$idx" fm.h5 > /dev/null
 [ -f cifar_synthetic.h5 ] || python3 "$here/make_synthetic_cifar.py" cifar_synthetic.h5 20000
-steps=${PROFILE_STEPS:-3} only=${PROFILE_ONLY:-}
+# PROFILE_REFERENCE=no profiles hpc_train alone (PyTorch's side of a case takes the longer).
+steps=${PROFILE_STEPS:-3} only=${PROFILE_ONLY:-} with_reference=${PROFILE_REFERENCE:-yes}
 
 profiled() {  # profiled CSV COMMAND...: every kernel's time, as ncu's CSV
   local csv=$1
@@ -34,7 +35,7 @@ profile_case() {  # NAME DATASET MODEL BATCH REFERENCE(yes|no) [hpc_train option
   profiled "hpc-$name.csv" mpirun -np 1 "$build/hpc_train" --dataset "$data" --model "$model" \
     --micro-batch "$batch" --precision bf16 --max-steps $((20 + steps)) --log-every 100 \
     --cuda-profiler-start-step 20 --cuda-profiler-steps "$steps" --run-dir "run-$name" "$@"
-  if [ "$reference" = yes ]; then
+  if [ "$reference" = yes ] && [ "$with_reference" = yes ]; then
     profiled "torch-$name.csv" python3 "$here/reference/train_reference.py" --dataset "$data" \
       --model "$model" --batch "$batch" --precision bf16 --mode graph --warmup 5 \
       --steps "$steps" --cuda-profiler

@@ -317,6 +317,22 @@ TEST_F(ConfigTest, ReaderThreadsBounds) {
   }
 }
 
+// --fused-batch-norm (Note [Fused batch norm]): on by default, off from the command line or the
+// INI file's [runtime], anything but a boolean refused naming the option (or the file and line).
+TEST_F(ConfigTest, FusedBatchNormSwitch) {
+  EXPECT_TRUE(TrainConfig{}.fused_batch_norm);
+  EXPECT_FALSE(parse({"--fused-batch-norm=false"}).config.fused_batch_norm);
+  const std::string off = write("fused.ini", "[runtime]\nfused_batch_norm = false\n");
+  EXPECT_FALSE(parse({"--config", off}).config.fused_batch_norm);
+  std::string message = parse_error({"--fused-batch-norm=maybe"});
+  EXPECT_NE(message.find("--fused-batch-norm=maybe: expected true or false"), std::string::npos)
+      << message;
+  const std::string bad = write("fused-bad.ini", "[runtime]\n\nfused_batch_norm = maybe\n");
+  message = parse_error({"--config", bad});
+  EXPECT_NE(message.find(bad + ":3: fused_batch_norm = maybe in [runtime]"), std::string::npos)
+      << message;
+}
+
 TEST_F(ConfigTest, CommandLineBeatsIniFile) {
   const std::string path = write("run.ini", "[training]\nepochs = 5\nlr = 0.1\n");
   const TrainConfig config = parse({"--epochs", "7", "--config", path}).config;

@@ -28,8 +28,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 

@@ -68,17 +68,17 @@ double uniform(std::mt19937_64& gen, double low, double high) {
   return std::uniform_real_distribution<double>(low, high)(gen);
 }
 
-at::ScalarType scalar_type_of(FusedDtype dtype) {
+at::ScalarType scalar_type_of(KernelDtype dtype) {
   switch (dtype) {
-    case FusedDtype::kFloat32: return at::kFloat;
-    case FusedDtype::kFloat16: return at::kHalf;
-    case FusedDtype::kBFloat16: return at::kBFloat16;
+    case KernelDtype::kFloat32: return at::kFloat;
+    case KernelDtype::kFloat16: return at::kHalf;
+    case KernelDtype::kBFloat16: return at::kBFloat16;
   }
   return at::kFloat;
 }
 
-const char* name_of(FusedDtype dtype) {
-  return dtype == FusedDtype::kFloat32 ? "fp32" : dtype == FusedDtype::kFloat16 ? "fp16" : "bf16";
+const char* name_of(KernelDtype dtype) {
+  return dtype == KernelDtype::kFloat32 ? "fp32" : dtype == KernelDtype::kFloat16 ? "fp16" : "bf16";
 }
 
 std::vector<double> host_doubles(const at::Tensor& t) {
@@ -284,7 +284,7 @@ at::Tensor upload_state(const FusedStepState& state) {
 }
 
 struct KernelCase {
-  FusedDtype dtype;
+  KernelDtype dtype;
   bool decoupled;
   bool clip;
   int grid;  // 0: fused_grid_blocks; else this many blocks
@@ -292,7 +292,7 @@ struct KernelCase {
 
 void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
   const at::ScalarType type = scalar_type_of(c.dtype);
-  const bool separate_master = c.dtype != FusedDtype::kFloat32;
+  const bool separate_master = c.dtype != KernelDtype::kFloat32;
   const KernelLayout layout = random_kernel_layout(gen);
   const int grid = c.grid > 0 ? c.grid : fused_grid_blocks(layout.partition_numel);
   std::ostringstream label;
@@ -312,9 +312,9 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
   options.eps = adam.eps;
   options.weight_decay = adam.weight_decay;
   options.decoupled_weight_decay = adam.decoupled_weight_decay;
-  options.check_overflow = c.dtype == FusedDtype::kFloat16;
+  options.check_overflow = c.dtype == KernelDtype::kFloat16;
 
-  const double loss_scale = c.dtype == FusedDtype::kFloat16 ? 1024.0 : 1.0;
+  const double loss_scale = c.dtype == KernelDtype::kFloat16 ? 1024.0 : 1.0;
   FusedStepState state;
   state.adam_steps = uniform_int(gen, 0, 4);
   state.global_step = state.adam_steps + uniform_int(gen, 0, 3);
@@ -456,7 +456,7 @@ class FusedKernels : public ::testing::Test {
 
 TEST_F(FusedKernels, MatchTheFloat64ReferenceOnRandomSegments) {
   std::mt19937_64 gen = generator_for(1);
-  for (FusedDtype dtype : {FusedDtype::kFloat32, FusedDtype::kFloat16, FusedDtype::kBFloat16})
+  for (KernelDtype dtype : {KernelDtype::kFloat32, KernelDtype::kFloat16, KernelDtype::kBFloat16})
     for (bool decoupled : {true, false})
       for (int grid : {0, 1, 3})
         run_kernel_case({dtype, decoupled, /*clip=*/grid != 1, grid}, gen);
@@ -494,11 +494,11 @@ TEST_F(FusedKernels, OverflowSkipsTheUpdateAndStillCountsTheStep) {
     const int n = static_cast<int>(layout.segments.size());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     auto* s = reinterpret_cast<FusedStepState*>(device_state.data_ptr());
-    launch_grad_sum_of_squares(grads.data_ptr(), FusedDtype::kFloat16, segments, n, grid,
+    launch_grad_sum_of_squares(grads.data_ptr(), KernelDtype::kFloat16, segments, n, grid,
                                partials.data_ptr<double>(), sum_of_squares.data_ptr<double>(), stream);
     launch_step_bookkeeping(sum_of_squares.data_ptr<double>(), 1.0, options, nullptr, s,
                             loss_scale_out.data_ptr<float>(), stream);
-    launch_adam_update(grads.data_ptr(), params.data_ptr(), FusedDtype::kFloat16,
+    launch_adam_update(grads.data_ptr(), params.data_ptr(), KernelDtype::kFloat16,
                        master.data_ptr<float>(), exp_avg.data_ptr<float>(),
                        exp_avg_sq.data_ptr<float>(), segments, n, grid, s, options, stream);
     const FusedStepState after = read_state(device_state);

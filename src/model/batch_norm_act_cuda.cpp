@@ -9,25 +9,17 @@
 
 #include "hpc_train/model/batch_norm_act.h"
 #include "hpc_train/model/fused_batch_norm.h"
+#include "hpc_train/runtime/kernel_dtype_torch.h"
 
 namespace hpc_train::detail {
 
 namespace {
 
-std::optional<BnDtype> bn_dtype(c10::ScalarType type) {
-  switch (type) {
-    case torch::kFloat: return BnDtype::kFloat32;
-    case torch::kHalf: return BnDtype::kFloat16;
-    case torch::kBFloat16: return BnDtype::kBFloat16;
-    default: return std::nullopt;
-  }
-}
-
 // [N, C, H, W] channels-last is [rows = N x H x W, C] in memory.
 int64_t rows_of(const torch::Tensor& x) { return x.numel() / x.size(1); }
 
 BnLayout layout_of(const torch::Tensor& x) {
-  return bn_layout(rows_of(x), x.size(1), *bn_dtype(x.scalar_type()));
+  return bn_layout(rows_of(x), x.size(1), *kernel_dtype_of(x.scalar_type()));
 }
 
 // The kernels read and write activations 16 bytes at a time.
@@ -66,7 +58,7 @@ class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
     args.residual = residual ? residual->data_ptr() : nullptr;
     args.y = y.data_ptr();
     args.relu = relu;
-    args.param_dtype = *bn_dtype(weight.scalar_type());
+    args.param_dtype = *kernel_dtype_of(weight.scalar_type());
     args.weight = weight.data_ptr();
     args.bias = bias.data_ptr();
     args.running_mean = running_mean.data_ptr();
@@ -103,7 +95,7 @@ class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
     args.y = data_or_null(y);
     args.x = x.data_ptr();
     args.relu = relu;
-    args.param_dtype = *bn_dtype(weight.scalar_type());
+    args.param_dtype = *kernel_dtype_of(weight.scalar_type());
     args.weight = weight.data_ptr();
     args.save_mean = save_mean.data_ptr<float>();
     args.save_invstd = save_invstd.data_ptr<float>();
@@ -125,7 +117,7 @@ class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
 bool fused_kernels_take(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                         const torch::Tensor& residual) {
   if (!x.defined() || !x.is_cuda() || x.dim() != 4) return false;
-  const std::optional<BnDtype> dtype = bn_dtype(x.scalar_type());
+  const std::optional<KernelDtype> dtype = kernel_dtype_of(x.scalar_type());
   if (!dtype || !bn_layout_fits(rows_of(x), x.size(1), *dtype) || !activation_fits(x, x))
     return false;
   if (residual.defined() && !activation_fits(residual, x)) return false;

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/cuda_check.h"
@@ -405,59 +406,35 @@ int device_sm_count() {
   return sms;
 }
 
-int element_bytes(BnDtype dtype) { return dtype == BnDtype::kFloat32 ? 4 : 2; }
-
-// Blocks of the elementwise passes: enough to fill the GPU, each thread a few vectors.
-unsigned elementwise_blocks(const BnLayout& layout) {
-  const int64_t vectors = layout.rows * layout.channels / layout.vector_elements;
-  const int64_t wanted = (vectors + kThreads * 4 - 1) / (kThreads * 4);
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, device_sm_count() * 16)));
-}
-
 dim3 partial_grid(const BnLayout& layout) {
   return dim3(static_cast<unsigned>(layout.row_blocks), static_cast<unsigned>(layout.channel_tiles));
+}
+
+unsigned elementwise_grid(const BnLayout& layout) {
+  return static_cast<unsigned>(layout.elementwise_blocks);
 }
 
 unsigned finish_blocks(const BnLayout& layout) {
   return static_cast<unsigned>((layout.channels + kFinishChannels - 1) / kFinishChannels);
 }
 
-// Calls f with a value of the activations' C++ type.
+// Calls f with std::true_type or std::false_type: a runtime flag as a kernel's template argument.
 template <typename F>
-void with_element_type(BnDtype dtype, F&& f) {
-  switch (dtype) {
-    case BnDtype::kFloat32: f(float{}); return;
-    case BnDtype::kFloat16: f(__half{}); return;
-    case BnDtype::kBFloat16: f(__nv_bfloat16{}); return;
-  }
-}
-
-template <typename T, bool kRelu, bool kResidual>
-void launch_normalise(const BnLayout& layout, const BnForwardArgs& args, const float* scale,
-                      const float* shift, cudaStream_t stream) {
-  normalise_kernel<T, kRelu, kResidual><<<elementwise_blocks(layout), kThreads, 0, stream>>>(
-      layout, static_cast<const T*>(args.x), static_cast<const T*>(args.residual),
-      static_cast<T*>(args.y), scale, shift);
-}
-
-template <typename T, bool kRelu, bool kResidual>
-void launch_input_gradient(const BnLayout& layout, const BnBackwardArgs& args,
-                           const float* coef_a, const float* coef_mean_g, const float* coef_k,
-                           cudaStream_t stream) {
-  input_gradient_kernel<T, kRelu, kResidual><<<elementwise_blocks(layout), kThreads, 0, stream>>>(
-      layout, static_cast<const T*>(args.dy), static_cast<const T*>(args.y),
-      static_cast<const T*>(args.x), args.save_mean, coef_a, coef_mean_g, coef_k,
-      static_cast<T*>(args.dx), static_cast<T*>(args.dresidual));
+void with_flag(bool flag, F&& f) {
+  if (flag)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
 }
 
 }  // namespace
 
-bool bn_layout_fits(int64_t rows, int64_t channels, BnDtype dtype) {
+bool bn_layout_fits(int64_t rows, int64_t channels, KernelDtype dtype) {
   const int vector = kVectorBytes / element_bytes(dtype);
   return rows > 1 && channels > 0 && channels % vector == 0;
 }
 
-BnLayout bn_layout(int64_t rows, int64_t channels, BnDtype dtype) {
+BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype) {
   if (!bn_layout_fits(rows, channels, dtype))
     throw Error("fused batch norm: no layout for " + std::to_string(rows) + " rows of " +
                 std::to_string(channels) + " channels");
@@ -472,10 +449,15 @@ BnLayout bn_layout(int64_t rows, int64_t channels, BnDtype dtype) {
   layout.row_lanes = kThreads / layout.tile_vectors;
   const int64_t wanted = (rows + int64_t{layout.row_lanes} * kRowsPerThread - 1) /
                          (int64_t{layout.row_lanes} * kRowsPerThread);
-  const int64_t most = std::max<int64_t>(1, device_sm_count() * kBlocksPerSm / layout.channel_tiles);
+  const int64_t sm_count = device_sm_count();
+  const int64_t most = std::max<int64_t>(1, sm_count * kBlocksPerSm / layout.channel_tiles);
   const int64_t blocks = std::clamp<int64_t>(wanted, 1, most);
   layout.rows_per_block = (rows + blocks - 1) / blocks;
   layout.row_blocks = (rows + layout.rows_per_block - 1) / layout.rows_per_block;  // none empty
+  // The elementwise passes: enough blocks to fill the GPU, each thread a few vectors.
+  const int64_t vectors = rows * channels / layout.vector_elements;
+  layout.elementwise_blocks =
+      std::clamp<int64_t>((vectors + kThreads * 4 - 1) / (kThreads * 4), 1, sm_count * 16);
   // Two [row_blocks, channels] partials, then up to three per-channel arrays.
   layout.workspace_floats = 2 * layout.row_blocks * channels + 3 * channels;
   return layout;
@@ -503,10 +485,13 @@ void launch_bn_forward(const BnLayout& layout, const BnForwardArgs& args, cudaSt
   CUDA_CHECK(cudaGetLastError());
   with_element_type(layout.dtype, [&](auto element) {
     using T = decltype(element);
-    if (args.relu && args.residual) launch_normalise<T, true, true>(layout, args, scale, shift, stream);
-    if (args.relu && !args.residual) launch_normalise<T, true, false>(layout, args, scale, shift, stream);
-    if (!args.relu && args.residual) launch_normalise<T, false, true>(layout, args, scale, shift, stream);
-    if (!args.relu && !args.residual) launch_normalise<T, false, false>(layout, args, scale, shift, stream);
+    with_flag(args.relu, [&](auto relu) {
+      with_flag(args.residual != nullptr, [&](auto residual) {
+        normalise_kernel<T, relu, residual><<<elementwise_grid(layout), kThreads, 0, stream>>>(
+            layout, static_cast<const T*>(args.x), static_cast<const T*>(args.residual),
+            static_cast<T*>(args.y), scale, shift);
+      });
+    });
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -521,12 +506,10 @@ void launch_bn_backward(const BnLayout& layout, const BnBackwardArgs& args, cuda
     using T = decltype(element);
     const auto dy = static_cast<const T*>(args.dy), y = static_cast<const T*>(args.y),
                x = static_cast<const T*>(args.x);
-    if (args.relu)
-      gradient_sums_partial_kernel<T, true><<<partial_grid(layout), kThreads, 0, stream>>>(
+    with_flag(args.relu, [&](auto relu) {
+      gradient_sums_partial_kernel<T, relu><<<partial_grid(layout), kThreads, 0, stream>>>(
           layout, dy, y, x, args.save_mean, partial_g, partial_gx);
-    else
-      gradient_sums_partial_kernel<T, false><<<partial_grid(layout), kThreads, 0, stream>>>(
-          layout, dy, y, x, args.save_mean, partial_g, partial_gx);
+    });
   });
   CUDA_CHECK(cudaGetLastError());
   with_element_type(args.param_dtype, [&](auto element) {
@@ -538,11 +521,14 @@ void launch_bn_backward(const BnLayout& layout, const BnBackwardArgs& args, cuda
   CUDA_CHECK(cudaGetLastError());
   with_element_type(layout.dtype, [&](auto element) {
     using T = decltype(element);
-    const bool residual = args.dresidual != nullptr;
-    if (args.relu && residual) launch_input_gradient<T, true, true>(layout, args, coef_a, coef_mean_g, coef_k, stream);
-    if (args.relu && !residual) launch_input_gradient<T, true, false>(layout, args, coef_a, coef_mean_g, coef_k, stream);
-    if (!args.relu && residual) launch_input_gradient<T, false, true>(layout, args, coef_a, coef_mean_g, coef_k, stream);
-    if (!args.relu && !residual) launch_input_gradient<T, false, false>(layout, args, coef_a, coef_mean_g, coef_k, stream);
+    with_flag(args.relu, [&](auto relu) {
+      with_flag(args.dresidual != nullptr, [&](auto residual) {
+        input_gradient_kernel<T, relu, residual><<<elementwise_grid(layout), kThreads, 0, stream>>>(
+            layout, static_cast<const T*>(args.dy), static_cast<const T*>(args.y),
+            static_cast<const T*>(args.x), args.save_mean, coef_a, coef_mean_g, coef_k,
+            static_cast<T*>(args.dx), static_cast<T*>(args.dresidual));
+      });
+    });
   });
   CUDA_CHECK(cudaGetLastError());
 }

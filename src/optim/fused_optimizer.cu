@@ -300,17 +300,6 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<T
   }
 }
 
-// Calls f(T{}) with the C++ type of `dtype`.
-template <typename F>
-void with_element_type(FusedDtype dtype, F&& f) {
-  switch (dtype) {
-    case FusedDtype::kFloat32: f(float{}); return;
-    case FusedDtype::kFloat16: f(__half{}); return;
-    case FusedDtype::kBFloat16: f(__nv_bfloat16{}); return;
-  }
-  throw Error("fused optimizer: unknown model dtype " + std::to_string(static_cast<int>(dtype)));
-}
-
 void check_grid(int num_segments, int grid_blocks, const char* what) {
   if (num_segments < 1 || grid_blocks < 1)
     throw Error(std::string("fused optimizer: ") + what + " needs at least one segment and one "
@@ -330,7 +319,7 @@ int fused_grid_blocks(int64_t partition_numel) {
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, static_cast<int64_t>(sms) * kBlocksPerSm));
 }
 
-void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const FusedSegment* segments,
+void launch_grad_sum_of_squares(const void* grads, KernelDtype dtype, const FusedSegment* segments,
                                 int num_segments, int grid_blocks, double* block_partials,
                                 double* sum_of_squares, cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the sum of squares");
@@ -357,12 +346,12 @@ void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_adam_update(const void* grads, void* params, FusedDtype dtype, float* master,
+void launch_adam_update(const void* grads, void* params, KernelDtype dtype, float* master,
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the Adam update");
-  if ((master == nullptr) != (dtype == FusedDtype::kFloat32))
+  if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
     throw Error("fused optimizer: fp16/bf16 parameters need fp32 master weights, and fp32 "
                 "parameters are their own");
   const AdamConstants constants{static_cast<float>(options.beta1),

@@ -9,25 +9,22 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hpc_train/error.h"
 #include "hpc_train/optim/fused_optimizer.h"
+#include "hpc_train/runtime/kernel_dtype_torch.h"
 
 namespace hpc_train {
 
 namespace {
 
-FusedDtype fused_dtype(const at::Tensor& values) {
-  switch (values.scalar_type()) {
-    case at::kFloat: return FusedDtype::kFloat32;
-    case at::kHalf: return FusedDtype::kFloat16;
-    case at::kBFloat16: return FusedDtype::kBFloat16;
-    default:
-      throw Error(std::string("fused optimizer: no kernels for parameters of ") +
-                  c10::toString(values.scalar_type()) + "; use fp32, fp16 or bf16");
-  }
+KernelDtype fused_dtype(const at::Tensor& values) {
+  if (const std::optional<KernelDtype> dtype = kernel_dtype_of(values.scalar_type())) return *dtype;
+  throw Error(std::string("fused optimizer: no kernels for parameters of ") +
+              c10::toString(values.scalar_type()) + "; use fp32, fp16 or bf16");
 }
 
 FusedStepOptions fused_step_options(const ZeroOptions& zero) {
@@ -111,7 +108,7 @@ void ZeroOptimizer::prepare_device_layout() {
 void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
   const c10::cuda::CUDAGuard guard(flat_.values().device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  const FusedDtype dtype = fused_dtype(flat_.values());
+  const KernelDtype dtype = fused_dtype(flat_.values());
   at::Tensor& grads = options_.stage == 2 ? reducer_.partition_grads() : flat_.grads();
   const auto* segments = reinterpret_cast<const FusedSegment*>(segments_.data_ptr<int64_t>());
   const int num_segments = static_cast<int>(segments_.size(0));

@@ -28,9 +28,9 @@
 
 #include <cstdint>
 
-namespace hpc_train {
+#include "hpc_train/runtime/kernel_dtype.h"
 
-enum class BnDtype : int32_t { kFloat32, kFloat16, kBFloat16 };
+namespace hpc_train {
 
 // How the kernels split [rows, channels]: a block covers `tile_vectors` 16-byte vectors of
 // channels and `row_lanes` rows at a time, over `rows_per_block` rows; `row_blocks` x
@@ -38,28 +38,29 @@ enum class BnDtype : int32_t { kFloat32, kFloat16, kBFloat16 };
 struct BnLayout {
   int64_t rows = 0;
   int64_t channels = 0;
-  BnDtype dtype = BnDtype::kFloat32;  // of the activations
+  KernelDtype dtype = KernelDtype::kFloat32;  // of the activations
   int vector_elements = 0;            // channels per 16-byte vector
   int tile_vectors = 0;
   int row_lanes = 0;
   int channel_tiles = 0;
   int64_t row_blocks = 0;
   int64_t rows_per_block = 0;
+  int64_t elementwise_blocks = 0;
   int64_t workspace_floats = 0;  // the float workspace either pass needs
 };
 
 // Whether the kernels take activations of this shape and dtype: channels a multiple of the
 // vector width (8 at 16 bits, 4 at 32) and more than one row (batch norm's own requirement).
-bool bn_layout_fits(int64_t rows, int64_t channels, BnDtype dtype);
+bool bn_layout_fits(int64_t rows, int64_t channels, KernelDtype dtype);
 // The layout for the current device. Throws Error where bn_layout_fits says no.
-BnLayout bn_layout(int64_t rows, int64_t channels, BnDtype dtype);
+BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype);
 
 struct BnForwardArgs {
   const void* x = nullptr;          // [rows, channels], layout.dtype
   const void* residual = nullptr;   // the same, or null: none
   void* y = nullptr;                // the same
   bool relu = true;
-  BnDtype param_dtype = BnDtype::kFloat32;  // of weight, bias and the running statistics
+  KernelDtype param_dtype = KernelDtype::kFloat32;  // of weight, bias and the running statistics
   const void* weight = nullptr;     // [channels]
   const void* bias = nullptr;
   void* running_mean = nullptr;     // updated: (1 - momentum) old + momentum batch
@@ -77,7 +78,7 @@ struct BnBackwardArgs {
   const void* y = nullptr;          // the forward's output (the ReLU's mask); unused without relu
   const void* x = nullptr;          // the forward's input
   bool relu = true;
-  BnDtype param_dtype = BnDtype::kFloat32;
+  KernelDtype param_dtype = KernelDtype::kFloat32;
   const void* weight = nullptr;     // [channels]
   const float* save_mean = nullptr;
   const float* save_invstd = nullptr;

@@ -24,11 +24,10 @@
 #include <type_traits>
 
 #include "hpc_train/optim/lr_schedule.h"
+#include "hpc_train/runtime/kernel_dtype.h"
 
 namespace hpc_train {
 
-// The model dtype: of the gradients and of the flat parameters. Master weights and moments are fp32.
-enum class FusedDtype : int32_t { kFloat32, kFloat16, kBFloat16 };
 
 // One contiguous run of this rank's partition, in elements. The partition is one segment in
 // stage 0 (the whole flat buffers) and one per bucket in stages 1 and 2 (the rank's slice of each
@@ -102,7 +101,7 @@ int fused_grid_blocks(int64_t partition_numel);
 
 // sum_of_squares[0] = sum of grad^2 over the segments, accumulated in fp64 (see the .cu).
 // block_partials holds grid_blocks doubles.
-void launch_grad_sum_of_squares(const void* grads, FusedDtype dtype, const FusedSegment* segments,
+void launch_grad_sum_of_squares(const void* grads, KernelDtype dtype, const FusedSegment* segments,
                                 int num_segments, int grid_blocks, double* block_partials,
                                 double* sum_of_squares, cudaStream_t stream);
 
@@ -116,7 +115,7 @@ void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares
 
 // The update of every segment, unless the state says the step overflowed. `master` is nullptr
 // when the model is fp32 (the parameters are the master weights, updated in place).
-void launch_adam_update(const void* grads, void* params, FusedDtype dtype, float* master,
+void launch_adam_update(const void* grads, void* params, KernelDtype dtype, float* master,
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream);

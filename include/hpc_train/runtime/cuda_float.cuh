@@ -1,10 +1,12 @@
 // fp32 to and from the model dtypes inside our kernels (fused_optimizer.cu, fused_batch_norm.cu):
-// every sum and product in fp32, each stored value rounded to nearest even, as LibTorch's casts.
-// CUDA code only.
+// every sum and product in fp32, each stored value rounded to nearest even, as LibTorch's casts;
+// and the launchers' step from a KernelDtype to the kernel's C++ type. CUDA code only.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "hpc_train/runtime/kernel_dtype.h"
 
 namespace hpc_train {
 
@@ -21,6 +23,16 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// Calls f with a value of `dtype`'s C++ type (float, __half, __nv_bfloat16), from host code.
+template <typename F>
+void with_element_type(KernelDtype dtype, F&& f) {
+  switch (dtype) {
+    case KernelDtype::kFloat32: f(float{}); return;
+    case KernelDtype::kFloat16: f(__half{}); return;
+    case KernelDtype::kBFloat16: f(__nv_bfloat16{}); return;
+  }
 }
 
 }  // namespace hpc_train

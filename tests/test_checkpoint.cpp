@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "example_checkpoints.h"
 #include "hpc_train/io/checkpoint.h"
@@ -260,6 +261,28 @@ TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousFileAndNoTemporary) {
   expect_bitwise_equal(read_checkpoint(path), second);
   for (const std::string& name : directory_listing(shared_))
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << "a temporary file is left: " << name;
+}
+
+// RunCheckpoints' background writes (Note [Background checkpoint writes] in training_state.h):
+// one process writes the whole file without MPI, here from a thread of its own; it reads back
+// bitwise, and a malformed checkpoint or an impossible path is refused naming the file, leaving
+// the previous file and no temporary one.
+TEST_F(CheckpointTest, OneProcessWritesTheWholeFileFromAThread) {
+  const Checkpoint written = realistic_checkpoint(7);
+  const std::string path = own("checkpoints/step-00000007.h5");  // the directory is made
+  std::thread writer([&] { write_checkpoint_file(path, written); });
+  writer.join();
+  expect_bitwise_equal(read_checkpoint(path), written);
+
+  Checkpoint bad = realistic_checkpoint(3);
+  bad.model_state[1].dtype = "F16";
+  expect_error<Error>([&] { write_checkpoint_file(path, bad); }, {path, "bn1.weight", "\"F16\""});
+  write_bytes(own("plain_file"), {1, 2, 3});
+  const std::string impossible = own("plain_file/step-00000003.h5");
+  expect_error<Error>([&] { write_checkpoint_file(impossible, written); },
+                      {impossible, "plain_file"});
+  expect_bitwise_equal(read_checkpoint(path), written);
+  EXPECT_EQ(directory_listing(own("checkpoints")), std::vector<std::string>{"step-00000007.h5"});
 }
 
 TEST_F(CheckpointTest, CheckFitsNamesWhatTheCheckpointHoldsAndWhatTheRunHas) {

@@ -5,7 +5,8 @@
 # samples too large for the node, a micro-batch larger than a rank's share of the data, and a
 # DeepSpeed batch that overflows. What the dataset or the options make impossible is refused
 # before training starts; a chunk of images that cannot be read, which only reading it shows,
-# ends the job from the rank that meets it in the middle of training.
+# ends the job from the rank that meets it in the middle of training, and so does a checkpoint
+# file that cannot be written.
 set -euo pipefail
 work="$HPC_TRAIN_TEST_WORK"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -69,6 +70,22 @@ fi
 cp small.h5 damaged.h5
 "$EDIT_DATASET" damage-image damaged.h5 train 321
 expect_failure damaged-chunk 3 "damaged.h5: reading /train" -- --dataset damaged.h5 --epochs 1 --micro-batch 16
+
+# A checkpoint whose file cannot be written ends the job naming the file, though rank 0 writes it
+# on a thread of its own while the training goes on (Note [Background checkpoint writes]): a
+# directory holds the name of step 5's file, so its rename fails; every rank learns it when the
+# next checkpoint (step 10) waits for the write, and that checkpoint is not taken.
+blocked_dir="$work/run-checkpoint-blocked/checkpoints"
+mkdir -p "$blocked_dir/step-00000005.h5/occupied"
+expect_failure checkpoint-blocked 1 "cannot write checkpoint $blocked_dir/step-00000005.h5" -- \
+  --dataset small.h5 --epochs 3 --micro-batch 16 --checkpoint-every 5
+if grep -q "after step 10" checkpoint-blocked.out || [ -e "$blocked_dir/step-00000010.h5" ] ||
+   ls "$blocked_dir" | grep -q "tmp"; then
+  echo "FAIL checkpoint-blocked: want no checkpoint at step 10 and no temporary file left;"
+  echo "stdout, stderr and the directory:"
+  cat checkpoint-blocked.out checkpoint-blocked.err; ls -l "$blocked_dir"
+  failures=$((failures + 1))
+fi
 
 # Every label of both splits is checked when the file is opened: one that the first steps would
 # read, one they would not (the last train sample), one of the test split.

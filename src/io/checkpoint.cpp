@@ -559,15 +559,43 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
   write_checkpoint(comm, path, checkpoint, CheckpointWriteMode::kAuto);
 }
 
-void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint,
-                      CheckpointWriteMode mode) {
-  const std::string failed = "cannot write checkpoint " + path + ": ";
+namespace {
+
+// What every write refuses before it touches a file. `failed` starts the message.
+void check_writable(const Checkpoint& checkpoint, const std::string& failed) {
   if (checkpoint.format_version != kCheckpointFormatVersion)
     throw Error(failed + "format_version " + std::to_string(checkpoint.format_version) +
                 " is not the one this program writes (" + std::to_string(kCheckpointFormatVersion) +
                 ")");
   if (const std::string problem = find_inconsistency(checkpoint); !problem.empty())
     throw Error(failed + problem);
+}
+
+// The whole file by this process alone (HDF5's POSIX driver, no MPI), into `file`'s temporary,
+// then committed under its final name.
+void write_whole_file(const std::string& path, const Checkpoint& checkpoint, AtomicFile& file) {
+  make_directories(directory_of(path));
+  write_file(file.temporary(), checkpoint, MPI_COMM_SELF, WriterPart{});
+  file.commit();
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const Checkpoint& checkpoint) {
+  const std::string failed = "cannot write checkpoint " + path + ": ";
+  check_writable(checkpoint, failed);
+  AtomicFile file(path, kCheckpointTemporarySuffix);
+  try {
+    write_whole_file(path, checkpoint, file);
+  } catch (const std::exception& e) {
+    throw Error(failed + e.what());
+  }
+}
+
+void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint,
+                      CheckpointWriteMode mode) {
+  const std::string failed = "cannot write checkpoint " + path + ": ";
+  check_writable(checkpoint, failed);
   if (mode == CheckpointWriteMode::kAuto)
     mode = kParallelHdf5 ? CheckpointWriteMode::kCollective : CheckpointWriteMode::kRankZero;
   if (mode == CheckpointWriteMode::kCollective && !kParallelHdf5)
@@ -597,11 +625,7 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
   };
 
   if (mode == CheckpointWriteMode::kRankZero) {
-    agree([&] {
-      make_directories(directory_of(path));
-      write_file(temporary, checkpoint, comm, WriterPart{});
-      file->commit();
-    });
+    agree([&] { write_whole_file(path, checkpoint, *file); });
     return;
   }
   agree([&] { make_directories(directory_of(path)); });

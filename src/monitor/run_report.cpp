@@ -267,16 +267,18 @@ void RunReporter::end_progress() {
 }
 
 void RunReporter::checkpoint(const TrainingPosition& position, const char* why,
-                             const std::string& path, double write_s) {
+                             const std::string& path, double wait_s, bool background) {
   metrics_.write({{"kind", "checkpoint"},
                   {"step", position.global_step},
                   {"epoch", position.epoch + 1},
                   {"why", why},
                   {"path", path},
-                  {"write_s", write_s}});
+                  {"wait_s", wait_s},
+                  {"background", background}});
   // A bar being drawn is ended first.
-  say("%sCheckpoint (%s) after step %lld: %s in %.2f s\n", progress_bar_ ? "\n" : "", why,
-      static_cast<long long>(position.global_step), path.c_str(), write_s);
+  say("%sCheckpoint (%s) after step %lld: %s in %.2f s%s\n", progress_bar_ ? "\n" : "", why,
+      static_cast<long long>(position.global_step), path.c_str(), wait_s,
+      background ? " (its file written in the background)" : "");
 }
 
 void RunReporter::epoch(const EpochReport& r) {

@@ -380,11 +380,13 @@ struct Trainer::Impl {
         };
         summary.stop_signal = agreed_stop_signal();
         if (summary.stop_signal != 0) {
-          summary.last_checkpoint = checkpoints->save(here(), stop_signal_name(summary.stop_signal));
+          summary.last_checkpoint = checkpoints->save(here(), stop_signal_name(summary.stop_signal),
+                                                      RunCheckpoints::Write::kNow);
           break;
         }
         if (config.checkpoint_every > 0 && global_step % config.checkpoint_every == 0)
-          summary.last_checkpoint = checkpoints->save(here(), "periodic");
+          summary.last_checkpoint =
+              checkpoints->save(here(), "periodic", RunCheckpoints::Write::kBackground);
         if (reached_max_steps) break;
       }
       // Micro-steps of an accumulation that carries over into the next epoch.
@@ -418,9 +420,11 @@ struct Trainer::Impl {
             ended.complete
                 ? position(global_step, micro_step, epoch + 1, 0, 0)
                 : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
-        summary.last_checkpoint = checkpoints->save(here, ended.complete ? "epoch end" : "max steps");
+        summary.last_checkpoint = checkpoints->save(
+            here, ended.complete ? "epoch end" : "max steps", RunCheckpoints::Write::kBackground);
       }
     }
+    checkpoints->wait_for_writes();  // Note [Background checkpoint writes]
     if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
       write_weights_safetensors(config.export_weights, model_checkpoint(info, *model, global_step));
       reporter.say("Weights exported to %s\n", config.export_weights.c_str());

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <future>
 #include <map>
 #include <utility>
 
@@ -158,15 +160,40 @@ Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
   return c;
 }
 
-std::string RunCheckpoints::save(const TrainingPosition& position, const char* why) {
+std::string RunCheckpoints::save(const TrainingPosition& position, const char* why, Write write) {
   if (config_.run_dir.empty()) return "";
   Stopwatch wall;
+  wait_for_writes();
   broadcast_buffers(model_, comm_);
   const std::string path = checkpoint_path(config_.run_dir, position.global_step);
-  write_checkpoint(comm_.mpi_comm(), path, make_checkpoint(position));
-  if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
-  reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3);
+  Checkpoint checkpoint = make_checkpoint(position);
+  if (write == Write::kNow) {
+    write_checkpoint(comm_.mpi_comm(), path, checkpoint);
+    if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
+  } else if (comm_.rank() == 0) {
+    // Note [Background checkpoint writes]: the thread owns what it writes.
+    background_write_ = std::async(
+        std::launch::async, [path, checkpoint = std::move(checkpoint), run_dir = config_.run_dir,
+                             keep = config_.keep_checkpoints]() -> std::string {
+          try {
+            write_checkpoint_file(path, checkpoint);
+            prune_checkpoints(run_dir, keep);
+            return "";
+          } catch (const std::exception& e) {
+            return e.what();
+          }
+        });
+  }
+  reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3, write == Write::kBackground);
   return path;
+}
+
+void RunCheckpoints::wait_for_writes() {
+  if (config_.run_dir.empty()) return;  // nothing was written (every rank has the same config)
+  std::string failure;
+  if (background_write_.valid()) failure = background_write_.get();
+  failure = comm_.broadcast_string(failure, 0, "background checkpoint write");
+  if (!failure.empty()) throw Error(failure);
 }
 
 TrainingPosition RunCheckpoints::resume(const std::string& path) {

@@ -125,6 +125,11 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
 void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& checkpoint,
                       CheckpointWriteMode mode);
 
+// The file of write_checkpoint's kRankZero mode, written by this process alone and without MPI,
+// so that a thread beside the training can write it (RunCheckpoints' background writes): the
+// same checks, the same atomic steps, the same file. Throws Error naming the file on failure.
+void write_checkpoint_file(const std::string& path, const Checkpoint& checkpoint);
+
 // Reads and validates (any rank, no MPI): format marker and version, every field present, sizes
 // consistent (master/exp_avg/exp_avg_sq equal lengths; each model tensor's bytes = product(shape)
 // x dtype size), every dataset's crc32. Throws DataError naming the file and what is wrong for: a

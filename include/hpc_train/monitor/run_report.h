@@ -269,8 +269,10 @@ class RunReporter {
   void progress(const StepPosition& at, double loss);
   // Ends the bar's line (an epoch's loop is over), when shown.
   void end_progress();
+  // A checkpoint taken: `wait_s` is how long the training waited for it; `background`, that
+  // its file is still being written (Note [Background checkpoint writes]).
   void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
-                  double write_s);
+                  double wait_s, bool background);
   void epoch(const EpochReport& report);
 
  private:

@@ -219,6 +219,23 @@ TEST(DecidePlacement, BuildWithoutNccl) {
             "--backend nccl: this hpc_train was built with a LibTorch without CUDA");
 }
 
+// A job of one rank has no one to exchange with: auto is none on a GPU and on the CPU, with or
+// without NCCL; asked for, nccl and mpi still run a world of one.
+TEST(DecidePlacement, OneRankAutoIsNone) {
+  for (const bool nccl_built : {true, false}) {
+    expect_everywhere(decide_placement(with("auto", "auto"), node("a", 1, 1, true), nccl_built),
+                      true, CommBackendKind::kNone, {0});
+    expect_everywhere(decide_placement(with("cpu", "auto"), node("a", 1, 1, true), nccl_built),
+                      false, CommBackendKind::kNone, {0});
+    expect_everywhere(decide_placement(with("auto", "auto"), node("a", 1, 0, false), nccl_built),
+                      false, CommBackendKind::kNone, {0});
+  }
+  expect_everywhere(decide_placement(with("auto", "nccl"), node("a", 1, 1, true), true), true,
+                    CommBackendKind::kNccl, {0});
+  expect_everywhere(decide_placement(with("auto", "mpi"), node("a", 1, 1, true), true), true,
+                    CommBackendKind::kMpi, {0});
+}
+
 // --backend none keeps the device's choice; the Communicator insists on one rank.
 TEST(DecidePlacement, BackendNoneAndMpi) {
   expect_everywhere(decide_placement(with("auto", "none"), node("a", 1, 1, true), true), true,
@@ -268,7 +285,7 @@ TEST(ResolvePlacement, EveryRankWithAGpuOfItsOwn) {
                                                    report(1, bus(0x20 + world_rank())), true);
   EXPECT_TRUE(p.cuda);
   EXPECT_EQ(p.cuda_device, 0);
-  EXPECT_EQ(p.backend, CommBackendKind::kNccl);
+  EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kNccl : CommBackendKind::kNone);
 }
 
 // Each node has one GPU, of bus 0x20: ranks 0 and 1 (node n0) share theirs, rank 2 (node n1)
@@ -278,7 +295,7 @@ TEST(ResolvePlacement, RanksSharingAGpuAgreeOnMpi) {
                                                    report(1, bus(0x20)), true);
   EXPECT_TRUE(p.cuda);
   EXPECT_EQ(p.cuda_device, 0);
-  EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kMpi : CommBackendKind::kNccl);
+  EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kMpi : CommBackendKind::kNone);
 }
 
 // The last rank sees no GPU: with more than one rank, every rank throws the same ConfigError.
@@ -289,7 +306,7 @@ TEST(ResolvePlacement, MixedRanksAllRefuseAlike) {
     const Placement p =
         hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine, true);
     EXPECT_FALSE(p.cuda);
-    EXPECT_EQ(p.backend, CommBackendKind::kMpi);
+    EXPECT_EQ(p.backend, CommBackendKind::kNone);
     return;
   }
   ASSERT_EQ(world_size(), 3) << "written for 1 and 3 ranks";
@@ -303,7 +320,8 @@ TEST(ResolvePlacement, MixedRanksAllRefuseAlike) {
   }
 }
 
-// This build's own report. A CPU build sees no GPU, and so runs on the CPU with MPI.
+// This build's own report. A CPU build sees no GPU, and so runs on the CPU with MPI (none for
+// one rank).
 TEST(ResolvePlacement, ThisBuildsReport) {
   const RankDevices mine = hpc_train::probe_devices("here", world_rank());
   EXPECT_EQ(mine.host, "here");
@@ -313,5 +331,5 @@ TEST(ResolvePlacement, ThisBuildsReport) {
   EXPECT_EQ(mine.visible_gpus, 0);
   const Placement p = hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine);
   EXPECT_FALSE(p.cuda);
-  EXPECT_EQ(p.backend, CommBackendKind::kMpi);
+  EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kMpi : CommBackendKind::kNone);
 }

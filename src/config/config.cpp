@@ -149,7 +149,8 @@ const OptionSpec kOptions[] = {
     {"device", "runtime", &TrainConfig::device,
      "auto (a GPU per rank where there are GPUs), cuda or cpu"},
     {"backend", "runtime", &TrainConfig::backend,
-     "gradient collectives: auto (nccl on GPUs, else mpi), nccl, mpi or none (one rank)"},
+     "gradient collectives: auto (none for one rank, else nccl on GPUs, else mpi), nccl, mpi "
+     "or none (one rank)"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
      "LibTorch threads; 0 = cores per node / ranks"},
     {"comm-timeout", "runtime", &TrainConfig::comm_timeout_s,

@@ -103,7 +103,8 @@ std::vector<Placement> decide_placement(const TrainConfig& config,
                                         const std::vector<RankDevices>& ranks, bool nccl_built) {
   const bool cuda = decide_cuda(config.device, ranks);
   CommBackendKind backend = CommBackendKind::kMpi;
-  if (config.backend == BackendChoice::kNone) {
+  if (config.backend == BackendChoice::kNone ||
+      (config.backend == BackendChoice::kAuto && ranks.size() == 1)) {
     backend = CommBackendKind::kNone;
   } else if (config.backend == BackendChoice::kNccl || config.backend == BackendChoice::kAuto) {
     const bool insist = config.backend == BackendChoice::kNccl;

@@ -12,7 +12,6 @@ std::atomic<bool> fused_enabled{true};
 }  // namespace
 
 void set_fused_batch_norm(bool enabled) { fused_enabled = enabled; }
-bool fused_batch_norm_enabled() { return fused_enabled; }
 
 bool fused_batch_norm_applies(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                               const torch::Tensor& residual) {

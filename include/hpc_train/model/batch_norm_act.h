@@ -24,7 +24,6 @@ torch::Tensor batch_norm_act(const torch::Tensor& x, torch::nn::BatchNorm2dImpl&
 // Process-wide, as cuDNN's own switches (the trainer sets it from the configuration). On by
 // default.
 void set_fused_batch_norm(bool enabled);
-bool fused_batch_norm_enabled();
 
 // Whether batch_norm_act would run the fused kernels for these inputs (the tests ask); false in
 // a build without CUDA.

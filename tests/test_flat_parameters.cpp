@@ -1,7 +1,13 @@
-// Flat storage: parameters and gradients are views of two buffers laid out by buckets (padding
-// included), backward fills them, and the logical layout survives a re-layout.
+// Flat storage: parameters are views of a buffer laid out by buckets (padding included),
+// backward's gradients are taken as they come and collected into a second buffer bucket by
+// bucket, and the logical layout survives a re-layout.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
 
 #include "hpc_train/model/flat_parameters.h"
 
@@ -42,14 +48,100 @@ TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
 
   const torch::Tensor x = torch::ones({4, 3});
   layer->forward(x).sum().backward();
-  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4; padding stays 0.
+  // Autograd's own gradient tensors, not views of the flat buffer (Note [Flat parameter storage]).
+  ASSERT_TRUE(layer->bias.grad().defined());
+  EXPECT_NE(layer->bias.grad().data_ptr(), flat.grads().data_ptr());
+  EXPECT_TRUE(torch::equal(flat.grads(), torch::zeros({96})));
+  layer->forward(x).sum().backward();  // accumulates in .grad
+  flat.collect_grads(0);               // the bias's bucket
+  EXPECT_FALSE(layer->bias.grad().defined()) << "collected gradients are let go";
+  EXPECT_TRUE(layer->weight.grad().defined()) << "the weight's bucket is not collected yet";
+  flat.collect_grads(1);
+  flat.collect_grads(1);  // nothing left: adds nothing
+  // d(sum)/d(bias) = batch size; d(sum)/d(weight) = sum of inputs = 4, twice; padding stays 0.
   const torch::Tensor expected = torch::cat({torch::full({2}, 4.f), torch::zeros({46}),
                                              torch::full({6}, 4.f), torch::zeros({42})});
-  EXPECT_TRUE(torch::equal(flat.grads(), expected));
-  layer->forward(x).sum().backward();  // accumulates in place
   EXPECT_TRUE(torch::equal(flat.grads(), expected * 2));
+  layer->forward(x).sum().backward();
+  flat.collect_grads(0);
+  flat.collect_grads(1);
+  EXPECT_TRUE(torch::equal(flat.grads(), expected * 3)) << "collected onto what is there";
+  layer->forward(x).sum().backward();
   flat.zero_grads();
-  EXPECT_TRUE(torch::equal(layer->weight.grad(), torch::zeros({2, 3})));
+  EXPECT_TRUE(torch::equal(flat.grads(), torch::zeros({96})));
+  EXPECT_FALSE(layer->weight.grad().defined()) << "zero_grads drops what was not collected";
+}
+
+namespace {
+
+// Counts, on every thread, the ATen operators other than views that run inside autograd's
+// AccumulateGrad (an add into an existing .grad, or a copy of a gradient that cannot be taken as
+// it is), and the multi-tensor adds outside it.
+struct AccumulationOps {
+  static inline std::atomic<int> inside_accumulate_grad{0};
+  static inline std::atomic<int> foreach_adds{0};
+  static inline thread_local int depth = 0;  // AccumulateGrad scopes open on this thread
+
+  static bool is_accumulate_grad(const at::RecordFunction& fn) {
+    return std::string(fn.name()).find("AccumulateGrad") != std::string::npos;
+  }
+  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
+    if (is_accumulate_grad(fn)) {
+      ++depth;
+    } else if (depth > 0) {
+      // Taking a gradient is a detach, a view without a kernel; anything else computes.
+      if (std::string(fn.name()).find("detach") == std::string::npos) ++inside_accumulate_grad;
+    } else if (std::string(fn.name()) == "aten::_foreach_add_") {
+      ++foreach_adds;
+    }
+    return nullptr;
+  }
+  static void end(const at::RecordFunction& fn, at::ObserverContext*) {
+    if (is_accumulate_grad(fn)) --depth;
+  }
+};
+
+}  // namespace
+
+// The point of Note [Flat parameter storage]: no kernel per parameter. Backward only hands its
+// gradients over, and a bucket's collection is one multi-tensor add. (Before, each parameter's
+// gradient was added into a view of the flat buffer inside AccumulateGrad.)
+TEST(FlatParameters, BackwardRunsNoOperatorPerParameter) {
+  torch::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)),
+                              torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(64, 5));
+  std::vector<std::string> names;
+  std::vector<at::Tensor> parameters;
+  for (const auto& item : model->named_parameters()) {
+    names.push_back(item.key());
+    parameters.push_back(item.value());
+  }
+  hpc_train::FlatParameters flat(names, parameters,
+                                 layout_of({{3, 2}, {1, 0}}, {72, 4, 320, 5}, 2));
+  const torch::Tensor x = torch::randn({3, 2, 4, 4});
+  const at::CallbackHandle handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&AccumulationOps::start, &AccumulationOps::end)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  model->forward(x).square().sum().backward();
+  flat.collect_grads(0);
+  flat.collect_grads(1);
+  at::removeCallback(handle);
+  EXPECT_EQ(AccumulationOps::inside_accumulate_grad.load(), 0);
+  EXPECT_EQ(AccumulationOps::foreach_adds.load(), 2);
+  // And the gradients are right: those of a plain copy of the model.
+  torch::nn::Sequential reference(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)),
+                                  torch::nn::ReLU(), torch::nn::Flatten(),
+                                  torch::nn::Linear(64, 5));
+  std::vector<torch::Tensor> reference_grads;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < parameters.size(); ++i)
+      reference->parameters()[i].copy_(parameters[i]);
+  }
+  reference->forward(x).square().sum().backward();
+  for (const torch::Tensor& p : reference->parameters())
+    reference_grads.push_back(p.grad().reshape({-1}));
+  EXPECT_TRUE(torch::equal(flat.to_logical(flat.grads()), torch::cat(reference_grads)));
 }
 
 TEST(FlatParameters, RelayoutKeepsTheLogicalValues) {
@@ -91,7 +183,6 @@ TEST(FlatParameters, ChannelsLastWeightsKeepValuesGradientsAndLogicalOrder) {
   EXPECT_FALSE(conv->weight.is_contiguous());
   EXPECT_TRUE(conv->bias.is_contiguous());  // not 4-D: as before
   EXPECT_TRUE(torch::equal(conv->weight.detach(), reference->weight.detach()));
-  EXPECT_EQ(conv->weight.grad().strides(), conv->weight.strides());
   // The slot holds [O, kH, kW, I]: element (o=1, i=2, h=0, w=1) sits at 1*27 + 0*9 + 1*3 + 2.
   const int64_t weight_offset = flat.layout().slots[0].offset;
   EXPECT_EQ(flat.values()[weight_offset + 27 + 3 + 2].item<float>(),
@@ -101,12 +192,13 @@ TEST(FlatParameters, ChannelsLastWeightsKeepValuesGradientsAndLogicalOrder) {
   EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));
 
   const torch::Tensor x = torch::randn({2, 3, 5, 5}).contiguous(at::MemoryFormat::ChannelsLast);
-  for (int pass = 0; pass < 2; ++pass) {  // the second accumulates in place
+  for (int pass = 0; pass < 2; ++pass) {  // the second accumulates in .grad
     conv->forward(x).square().sum().backward();
     reference->forward(x).square().sum().backward();
   }
-  EXPECT_TRUE(torch::allclose(conv->weight.grad(), reference->weight.grad(), 1e-5, 1e-5));
-  EXPECT_TRUE(torch::allclose(conv->bias.grad(), reference->bias.grad(), 1e-5, 1e-5));
+  // Autograd keeps a gradient in its parameter's memory format: collected without a copy.
+  EXPECT_EQ(conv->weight.grad().strides(), conv->weight.strides());
+  flat.collect_grads(0);
   EXPECT_TRUE(torch::allclose(flat.to_logical(flat.grads()),
                               torch::cat({reference->weight.grad().reshape({-1}),
                                           reference->bias.grad()}),

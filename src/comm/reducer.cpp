@@ -27,8 +27,8 @@ int dtype_id(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
 
 }  // namespace
 
-// Runs after the parameter's AccumulateGrad node has added this backward's gradient into the
-// flat buffer (Note [Flat parameter storage]).
+// Runs after the parameter's AccumulateGrad node has put this backward's gradient in its `.grad`
+// (Note [Flat parameter storage]).
 class Reducer::ReadyHook : public torch::autograd::FunctionPostHook {
  public:
   ReadyHook(Reducer* reducer, int parameter) : reducer_(reducer), parameter_(parameter) {}
@@ -137,6 +137,7 @@ void Reducer::start_bucket(size_t bucket) {
   const double t = now_ms();
   if (first_start_ms_ < 0) first_start_ms_ = t;
   events_.push_back({ReducerEvent::Kind::kCollectiveStarted, static_cast<int>(bucket), t});
+  flat_.collect_grads(bucket);
   at::Tensor grads = flat_.bucket_view(flat_.grads(), bucket);
   // Names the bucket if this collective stalls (Note [Communication watchdog] in comm.h).
   const std::string label = "bucket " + std::to_string(bucket);

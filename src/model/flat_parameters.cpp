@@ -25,8 +25,10 @@ FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::T
   const at::TensorOptions options = parameters_[0].options().requires_grad(false);
   values_ = at::zeros({layout_.total_numel}, options);
   grads_ = at::zeros({layout_.total_numel}, options);
-  for (size_t i = 0; i < parameters_.size(); ++i)
+  for (size_t i = 0; i < parameters_.size(); ++i) {
     parameter_view(values_, i).copy_(parameters_[i].detach());
+    parameters_[i].mutable_grad() = at::Tensor();  // so that backward's gradients are taken
+  }
   point_parameters_at_buffers();
 }
 
@@ -40,10 +42,7 @@ at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) cons
 
 // See Note [Flat parameter storage].
 void FlatParameters::point_parameters_at_buffers() {
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    parameters_[i].set_data(parameter_view(values_, i));
-    parameters_[i].mutable_grad() = parameter_view(grads_, i);
-  }
+  for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i].set_data(parameter_view(values_, i));
 }
 
 at::Tensor FlatParameters::bucket_view(const at::Tensor& flat, size_t bucket) const {
@@ -81,7 +80,21 @@ void FlatParameters::relayout(BucketLayout layout) {
   point_parameters_at_buffers();
 }
 
+void FlatParameters::collect_grads(size_t bucket) {
+  std::vector<at::Tensor> slots;
+  std::vector<at::Tensor> gradients;
+  for (int i : layout_.buckets.at(bucket).parameters) {
+    at::Tensor& grad = parameters_[i].mutable_grad();
+    if (!grad.defined()) continue;
+    slots.push_back(parameter_view(grads_, i));
+    gradients.push_back(std::move(grad));
+    grad = at::Tensor();
+  }
+  if (!slots.empty()) at::_foreach_add_(slots, gradients);
+}
+
 void FlatParameters::zero_grads() {
+  for (at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
   if (grads_.defined()) grads_.zero_();
 }
 

@@ -2,12 +2,13 @@
 // backward (Note [Bucket layout] in buckets.h says where buckets live).
 //
 // An autograd post-hook on each parameter's gradient accumulator marks the parameter ready once
-// its gradient has been accumulated into the flat buffer. When every parameter of a bucket is
-// ready, the bucket's collective starts at once, while backward goes on: an all-reduce in
-// place (ZeRO stages 0 and 1), or a reduce-scatter whose slice for this rank lands in
-// partition_grads() (stage 2). Buckets start in bucket order on every rank (a ready bucket waits
-// for its predecessors), because MPI and NCCL match collectives by issue order. The step then
-// waits only for what is still in flight (finish_backward).
+// autograd has left its gradient in `.grad`. When every parameter of a bucket is ready, the
+// bucket's gradients are collected into the flat buffer (Note [Flat parameter storage]) and its
+// collective starts at once, while backward goes on: an all-reduce in place (ZeRO stages 0 and
+// 1), or a reduce-scatter whose slice for this rank lands in partition_grads() (stage 2).
+// Buckets start in bucket order on every rank (a ready bucket waits for its predecessors),
+// because MPI and NCCL match collectives by issue order. The step then waits only for what is
+// still in flight (finish_backward).
 //
 // After the first synchronised backward, the buckets can be rebuilt in the order in which the
 // gradients really became ready (rank 0's order, so every rank rebuilds alike).
@@ -58,7 +59,7 @@ class Reducer {
                                      const ReducerOptions& options, int world_size);
 
   // Call before each backward. sync = false on micro-steps inside a gradient-accumulation
-  // window: the hooks then do nothing and gradients just accumulate.
+  // window: the hooks then do nothing and gradients just accumulate in the parameters' `.grad`.
   void begin_backward(bool sync);
   // After backward of a synchronised micro-step: starts what has not started, waits for all.
   // Returns the time spent waiting (exposed communication), in milliseconds.

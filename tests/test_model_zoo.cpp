@@ -200,4 +200,34 @@ TEST(ModelZooFlops, MatchForwardHooksInPyTorch) {
       << "flops.json and the registry name different models";
 }
 
+// Note [Pool before bias]: simple_cnn pools before its convolutions' bias and ReLU; its gradients
+// are those of PyTorch's order, pool last (fp32, each within 1e-5 of the largest of its tensor).
+TEST(SimpleCnn, GradientsAreThoseOfPyTorchsOrder) {
+  torch::manual_seed(4);
+  const ModelShape shape{3, 12, 12, 10};
+  const std::shared_ptr<Model> model = make_model("simple_cnn", shape);
+  nn::Sequential reference(
+      nn::Conv2d(nn::Conv2dOptions(3, 32, 3).padding(1)), nn::Functional(torch::relu),
+      nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)),
+      nn::Functional(torch::relu), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(64 * 3 * 3, 512),
+      nn::Functional(torch::relu), nn::Linear(512, 10));
+  const std::vector<torch::Tensor> mine = model->parameters();
+  const std::vector<torch::Tensor> theirs = reference->parameters();
+  ASSERT_EQ(mine.size(), theirs.size());
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < mine.size(); ++i) theirs[i].copy_(mine[i]);
+  }
+  const torch::Tensor images = torch::randn({8, 3, 12, 12});
+  const torch::Tensor labels = torch::randint(10, {8});
+  torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
+  torch::nn::functional::cross_entropy(reference->forward(images), labels).backward();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const double largest = theirs[i].grad().abs().max().item<double>();
+    ASSERT_GT(largest, 0.0) << "parameter " << i << " got no gradient";
+    EXPECT_LE((mine[i].grad() - theirs[i].grad()).abs().max().item<double>(), 1e-5 * largest)
+        << "parameter " << i;
+  }
+}
+
 }  // namespace

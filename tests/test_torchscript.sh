@@ -4,8 +4,10 @@
 # (the version of the CPU LibTorch) scripts here (tests/support/torchscript_models.py):
 #   1. a scripted copy of simple_cnn (bench/reference/models.py) and the built-in simple_cnn,
 #      given the same initial weights, follow the same loss trajectory: every step of 20 within
-#      1e-6 relative (metrics.jsonl at --log-every 1), and the same final weights; the weights
-#      did take effect (without them the first loss differs), and a BF16 file loads too;
+#      1e-5, relative where the loss is above 1 (metrics.jsonl at --log-every 1), and the same
+#      final weights (1e-5 relative); the weights did take effect (without them the first loss
+#      differs), and a BF16 file loads too. The two differ in rounding only: the built-in pools
+#      before its convolutions' bias and ReLU (Note [Pool before bias] in src/model/models.cpp);
 #   2. hpc_train's --export-weights loads back: the built-in's weights after 10 steps, loaded
 #      into the scripted copy, give at its first step the built-in's loss at step 11 (each step
 #      is one whole epoch of the same 32 samples, in another order: 1e-6);
@@ -84,12 +86,12 @@ mapfile -t scripted_losses < <(losses scripted)
   { echo "FAIL: want 20 losses each, have ${#builtin_losses[@]} and ${#scripted_losses[@]}"; exit 1; }
 "$python" -c 'import sys
 a, b = sys.argv[1].split(), sys.argv[2].split()
-worst = max(abs(float(x) - float(y)) / abs(float(y)) for x, y in zip(a, b))
-print(f"the 20 losses: largest relative difference {worst:.3g}")
-sys.exit(0 if worst <= 1e-6 else 1)' "${scripted_losses[*]}" "${builtin_losses[*]}" ||
-  { echo "FAIL: the losses differ beyond 1e-6"; failures=$((failures + 1)); }
+differences = [abs(float(x) - float(y)) / max(abs(float(y)), 1.0) for x, y in zip(a, b)]
+print("the 20 losses: differences (relative above 1) " + " ".join(f"{d:.2g}" for d in differences))
+sys.exit(0 if max(differences) <= 1e-5 else 1)' "${scripted_losses[*]}" "${builtin_losses[*]}" ||
+  { echo "FAIL: the losses differ beyond 1e-5"; failures=$((failures + 1)); }
 echo "losses: built-in ${builtin_losses[0]} ... ${builtin_losses[19]}, scripted ${scripted_losses[0]} ... ${scripted_losses[19]}"
-"$python" "$check" scripted.safetensors --compare builtin.safetensors --rtol 1e-6 --quiet ||
+"$python" "$check" scripted.safetensors --compare builtin.safetensors --rtol 1e-5 --quiet ||
   { echo "FAIL: the final weights differ"; failures=$((failures + 1)); }
 train 1 own-weights "${steps[@]}" --max-steps 1 --model simple_cnn.pt
 if [ "$(losses own-weights)" = "${scripted_losses[0]}" ]; then

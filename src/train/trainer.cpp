@@ -157,9 +157,10 @@ struct Trainer::Impl {
   // size (the epoch plan pads or drops so that it does). The gradient of the mean loss over the
   // global batch (world size W ranks x grad_accum micro-steps) is then the sum, over ranks and
   // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs on
-  // loss * loss_scale / (W * grad_accum), the micro-steps add up in the gradient buffer, and the
-  // collectives sum over ranks: no division pass, and fp16 sums stay small. N ranks with
-  // micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1 of 2b.
+  // loss * loss_scale / (W * grad_accum), the micro-steps add up in the parameters' gradients
+  // (collected into the flat buffer at the last one), and the collectives sum over ranks: no
+  // division pass, and fp16 sums stay small. N ranks with micro-batch b then match 1 rank with
+  // batch N*b, and 2 micro-steps of b match 1 of 2b.
   void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
     Stopwatch phase;
     if (placement.cuda)  // Note [cuDNN autotuning] (run_options.h)

@@ -1,8 +1,8 @@
 // The trainer: the epoch/step loop of data-parallel training, evaluation, logging cadence.
 //
 // One step (DESIGN.md, "the corridor"): the loader thread has the rank's next micro-batch in
-// host memory -> normalise -> forward -> cross entropy -> backward into the flat gradient buffer
-// -> all-reduce and average the gradients (Note [Gradient averaging]) -> Adam/AdamW on the flat
+// host memory -> normalise -> forward -> cross entropy -> backward, its gradients collected into
+// the flat gradient buffer bucket by bucket -> all-reduce and average the gradients (Note [Gradient averaging]) -> Adam/AdamW on the flat
 // parameters. Every rank starts from rank 0's parameters, so all ranks stay identical.
 #pragma once
 

@@ -88,7 +88,10 @@ int main(int argc, char** argv) {
     TrainConfig& config = command_line.config;
     config.run_dir = create_run_directory(runtime, config.run_dir);
     startup.end_phase("config");
-    const int threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
+    int threads = 0;  // nodes may differ: every rank checks its own
+    run_agreed_phase(runtime, [&] {
+      threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
+    });
     set_compute_threads(threads);
     // Two phases: a rank whose probe fails must not leave the others waiting in
     // resolve_placement's collective.

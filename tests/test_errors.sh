@@ -126,12 +126,15 @@ expect_refusal micro-batch-share 2 "--micro-batch 201: more than each rank's sha
 expect_refusal drop-last-share 2 "--drop-last: the train split of two.h5 (2 samples) has fewer samples than the 3 ranks" -- \
   --dataset two.h5 --max-steps 2 --micro-batch 1 --drop-last
 
-# Bounds of options: a minimum loss scale above the start, a bucket of no byte, a DeepSpeed
-# batch whose product overflows 64 bits.
+# Bounds of options: a minimum loss scale above the start, a bucket of no byte, more threads
+# than the node has, a DeepSpeed batch whose product overflows 64 bits.
 expect_refusal min-loss-scale 2 "--min-loss-scale 131072: must not exceed the dynamic loss scale's start, 2^16 = 65536" -- \
   --dataset small.h5 --max-steps 2 --micro-batch 16 --min-loss-scale 131072
 expect_refusal bucket-mb 2 "--bucket-mb 1e-07: must be a number of MiB from 2^-20 (one byte) to 1e6" -- \
   --dataset small.h5 --max-steps 2 --micro-batch 16 --bucket-mb 1e-7
+# 100000 threads a rank stalled the start: nothing was printed in 120 s.
+expect_refusal threads-per-rank 2 "--threads-per-rank 100000: more than the" -- \
+  --dataset small.h5 --max-steps 2 --micro-batch 16 --threads-per-rank 100000
 echo '{"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647}' \
   > ds-overflow.json
 expect_refusal ds-batch-overflow 2 "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size = 2147483647 x 2147483647 x 3 ranks overflows a 64-bit integer" -- \

@@ -152,7 +152,7 @@ const OptionSpec kOptions[] = {
      "gradient collectives: auto (none for one rank, else nccl on GPUs, else mpi), nccl, mpi "
      "or none (one rank)"},
     {"threads-per-rank", "runtime", &TrainConfig::threads_per_rank,
-     "LibTorch threads; 0 = cores per node / ranks"},
+     "LibTorch threads, at most the node's hardware threads; 0 = cores per node / ranks"},
     {"comm-timeout", "runtime", &TrainConfig::comm_timeout_s,
      "seconds a collective or a CUDA-graph replay may take before the job ends; 0 = no limit"},
     {"cuda-graph", "runtime", &TrainConfig::cuda_graph,

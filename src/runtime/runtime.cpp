@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -134,10 +135,15 @@ int run_or_abort(const Runtime& runtime, const std::function<int()>& body) {
 }
 
 int compute_threads_per_rank(int local_size, int requested) {
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Threads beyond the node's hardware threads only compete for them, and a typo's worth of them
+  // stalls the start (--threads-per-rank 100000 printed nothing in 120 s).
+  if (requested > hardware)
+    throw ConfigError("--threads-per-rank " + std::to_string(requested) + ": more than the " +
+                      std::to_string(hardware) + " hardware threads of this node");
   if (requested > 0) return requested;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  const int hardware = std::max(1u, std::thread::hardware_concurrency());
   const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : hardware;
   // A rank bound to its own cores owns them; unbound ranks share the node's cores evenly.
   return std::max(1, std::min(allowed, hardware / std::max(1, local_size)));

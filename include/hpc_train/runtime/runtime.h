@@ -64,7 +64,8 @@ void run_agreed_phase(const Runtime& runtime, const std::function<void()>& phase
 int run_or_abort(const Runtime& runtime, const std::function<int()>& body);
 
 // Intra-op threads for LibTorch on this rank: the cores this process may run on, shared with
-// the other ranks of the node (at least 1). `requested` > 0 wins.
+// the other ranks of the node (at least 1). `requested` > 0 wins, up to the node's hardware
+// threads (ConfigError above).
 int compute_threads_per_rank(int local_size, int requested);
 
 // This node's physical memory in bytes (what sysconf reports), for the checks that refuse, before

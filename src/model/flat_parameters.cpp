@@ -42,7 +42,8 @@ at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) cons
 
 // See Note [Flat parameter storage].
 void FlatParameters::point_parameters_at_buffers() {
-  for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i].set_data(parameter_view(values_, i));
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i].set_data(parameter_view(values_, i));
 }
 
 at::Tensor FlatParameters::bucket_view(const at::Tensor& flat, size_t bucket) const {

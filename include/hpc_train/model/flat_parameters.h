@@ -28,14 +28,15 @@
 // parameter's slot holds its elements in [O, kH, kW, I] order and the parameter is that storage
 // seen through a permutation: shape [O, I, kH, kW], channels-last strides, as PyTorch's
 // model.to(memory_format=torch.channels_last) gives. Its slot in the gradient buffer is seen
-// with the same strides, as autograd's gradient for it is, so collecting it needs no copy. The slot's size and place are unchanged:
-// buckets, collectives and the optimizer, which see flat elements, do not know; to_logical and
-// from_logical translate, so checkpoints and weight files keep PyTorch's order. The trainer asks
-// for it only where the images have more than one channel: a one-channel NHWC batch is also
-// NCHW, LibTorch then runs the network NCHW, and channels-last weights would turn it NHWC. On an
-// H200, with every model's weights channels-last, resnet18 on CIFAR went from 5.26-5.33 to 5.08
-// ms/step but simple_cnn on Fashion-MNIST from 0.297 to 0.308 (NHWC max pooling costing more is
-// the profile's likely cause, not isolated).
+// with the same strides, as autograd's gradient for it is, so collecting it needs no copy. The
+// slot's size and place are unchanged: buckets, collectives and the optimizer, which see flat
+// elements, do not know; to_logical and from_logical translate, so checkpoints and weight files
+// keep PyTorch's order. The trainer asks for it only where the images have more than one
+// channel: a one-channel NHWC batch is also NCHW, LibTorch then runs the network NCHW, and
+// channels-last weights would turn it NHWC. On an H200, with every model's weights
+// channels-last, resnet18 on CIFAR went from 5.26-5.33 to 5.08 ms/step but simple_cnn on
+// Fashion-MNIST from 0.297 to 0.308 (NHWC max pooling costing more is the profile's likely
+// cause, not isolated).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -2,8 +2,9 @@
 //
 // One step (DESIGN.md, "the corridor"): the loader thread has the rank's next micro-batch in
 // host memory -> normalise -> forward -> cross entropy -> backward, its gradients collected into
-// the flat gradient buffer bucket by bucket -> all-reduce and average the gradients (Note [Gradient averaging]) -> Adam/AdamW on the flat
-// parameters. Every rank starts from rank 0's parameters, so all ranks stay identical.
+// the flat gradient buffer bucket by bucket -> all-reduce and average the gradients (Note
+// [Gradient averaging]) -> Adam/AdamW on the flat parameters. Every rank starts from rank 0's
+// parameters, so all ranks stay identical.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -24,20 +24,26 @@ hpc_train::BucketLayout layout_of(const std::vector<std::vector<int>>& groups,
   return hpc_train::make_bucket_layout(buckets, numels, world);
 }
 
+// `module`'s parameters, in its order, moved into flat storage laid out by `layout`.
+hpc_train::FlatParameters flat_of(const torch::nn::Module& module, hpc_train::BucketLayout layout,
+                                  bool channels_last_weights = false) {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> parameters;
+  for (const auto& item : module.named_parameters()) {
+    names.push_back(item.key());
+    parameters.push_back(item.value());
+  }
+  return hpc_train::FlatParameters(names, parameters, std::move(layout), channels_last_weights);
+}
+
 }  // namespace
 
 TEST(FlatParameters, BackwardWritesIntoTheFlatGradientBuffer) {
   torch::manual_seed(1);
   torch::nn::Linear layer(3, 2);  // weight [2,3] (6) then bias [2] (2)
-  std::vector<std::string> names;
-  std::vector<at::Tensor> parameters;
-  for (const auto& item : layer->named_parameters()) {
-    names.push_back(item.key());
-    parameters.push_back(item.value());
-  }
   const torch::Tensor weight_before = layer->weight.detach().clone();
   // Bias first, then weight, world size 3: bias 2 -> padded to 48 (3 x 16); weight 6 -> 48.
-  hpc_train::FlatParameters flat(names, parameters, layout_of({{1}, {0}}, {6, 2}, 3));
+  hpc_train::FlatParameters flat = flat_of(*layer, layout_of({{1}, {0}}, {6, 2}, 3));
   ASSERT_EQ(flat.numel(), 8);
   ASSERT_EQ(flat.values().numel(), 96);
   EXPECT_EQ(flat.layout().slots[0].offset, 48);
@@ -110,14 +116,7 @@ TEST(FlatParameters, BackwardRunsNoOperatorPerParameter) {
   torch::manual_seed(3);
   torch::nn::Sequential model(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)),
                               torch::nn::ReLU(), torch::nn::Flatten(), torch::nn::Linear(64, 5));
-  std::vector<std::string> names;
-  std::vector<at::Tensor> parameters;
-  for (const auto& item : model->named_parameters()) {
-    names.push_back(item.key());
-    parameters.push_back(item.value());
-  }
-  hpc_train::FlatParameters flat(names, parameters,
-                                 layout_of({{3, 2}, {1, 0}}, {72, 4, 320, 5}, 2));
+  hpc_train::FlatParameters flat = flat_of(*model, layout_of({{3, 2}, {1, 0}}, {72, 4, 320, 5}, 2));
   const torch::Tensor x = torch::randn({3, 2, 4, 4});
   const at::CallbackHandle handle = at::addGlobalCallback(
       at::RecordFunctionCallback(&AccumulationOps::start, &AccumulationOps::end)
@@ -135,6 +134,7 @@ TEST(FlatParameters, BackwardRunsNoOperatorPerParameter) {
   std::vector<torch::Tensor> reference_grads;
   {
     torch::NoGradGuard no_grad;
+    const std::vector<torch::Tensor> parameters = model->parameters();
     for (size_t i = 0; i < parameters.size(); ++i)
       reference->parameters()[i].copy_(parameters[i]);
   }
@@ -169,16 +169,10 @@ TEST(FlatParameters, ChannelsLastWeightsKeepValuesGradientsAndLogicalOrder) {
     reference->weight.copy_(conv->weight);
     reference->bias.copy_(conv->bias);
   }
-  std::vector<std::string> names;
-  std::vector<at::Tensor> parameters;
-  for (const auto& item : conv->named_parameters()) {
-    names.push_back(item.key());
-    parameters.push_back(item.value());
-  }
   const torch::Tensor logical_before =
       torch::cat({conv->weight.detach().reshape({-1}), conv->bias.detach()});
-  hpc_train::FlatParameters flat(names, parameters, layout_of({{1, 0}}, {108, 4}, 2),
-                                 /*channels_last_weights=*/true);
+  hpc_train::FlatParameters flat = flat_of(*conv, layout_of({{1, 0}}, {108, 4}, 2),
+                                           /*channels_last_weights=*/true);
   EXPECT_TRUE(conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast));
   EXPECT_FALSE(conv->weight.is_contiguous());
   EXPECT_TRUE(conv->bias.is_contiguous());  // not 4-D: as before

@@ -24,12 +24,11 @@ FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::T
   }
   const at::TensorOptions options = parameters_[0].options().requires_grad(false);
   values_ = at::zeros({layout_.total_numel}, options);
-  grads_ = at::zeros({layout_.total_numel}, options);
-  for (size_t i = 0; i < parameters_.size(); ++i) {
+  grads_ = at::empty({layout_.total_numel}, options);
+  for (size_t i = 0; i < parameters_.size(); ++i)
     parameter_view(values_, i).copy_(parameters_[i].detach());
-    parameters_[i].mutable_grad() = at::Tensor();  // so that backward's gradients are taken
-  }
   point_parameters_at_buffers();
+  zero_grads();  // also drops any .grad the parameters came with, so that backward's are taken
 }
 
 at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) const {

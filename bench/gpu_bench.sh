@@ -52,6 +52,10 @@ for p in fp32 fp16 bf16; do run_case "simple_cnn-b64-$p" fm.h5 simple_cnn 64 "$p
 # hpc_train replays its step from a CUDA graph by default; -eager turns that off.
 run_case "simple_cnn-b64-bf16-eager" fm.h5 simple_cnn 64 bf16 --cuda-graph off
 run_case "simple_cnn-b64-bf16-zero2" fm.h5 simple_cnn 64 bf16 --zero-stage 2
+# LibTorch's max pooling, add and ReLU instead of the fused kernel (Note [Fused pooling]), still
+# NHWC; and the network NCHW as before the fused kernel (one-channel images, contiguous weights).
+run_case "simple_cnn-b64-bf16-unfused" fm.h5 simple_cnn 64 bf16 --fused-pooling off
+run_case "simple_cnn-b64-bf16-nchw" fm.h5 simple_cnn 64 bf16 --channels-last off
 # The reference does not augment: neither does hpc_train here (--augment auto would, for
 # CIFAR-like data).
 run_case "resnet18-b256-bf16" cifar_synthetic.h5 resnet18 256 bf16 --zero-stage 2 --augment off

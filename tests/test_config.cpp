@@ -317,9 +317,15 @@ TEST_F(ConfigTest, ReaderThreadsBounds) {
   }
 }
 
-// --fused-batch-norm (Note [Fused batch norm]): on by default, off from the command line or the
-// INI file's [runtime], anything but a boolean refused naming the option (or the file and line).
-TEST_F(ConfigTest, FusedBatchNormSwitch) {
+// --fused-batch-norm (Note [Fused batch norm]) and --fused-pooling (Note [Fused pooling]): on by
+// default, off from the command line or the INI file's [runtime], anything but a boolean refused
+// naming the option (or the file and line).
+TEST_F(ConfigTest, FusedKernelSwitches) {
+  EXPECT_TRUE(TrainConfig{}.fused_pooling);
+  EXPECT_FALSE(parse({"--fused-pooling=false"}).config.fused_pooling);
+  EXPECT_TRUE(parse({"--fused-pooling=false"}).config.fused_batch_norm);
+  EXPECT_FALSE(parse({"--config", write("pooling.ini", "[runtime]\nfused_pooling = off\n")})
+                   .config.fused_pooling);
   EXPECT_TRUE(TrainConfig{}.fused_batch_norm);
   EXPECT_FALSE(parse({"--fused-batch-norm=false"}).config.fused_batch_norm);
   const std::string off = write("fused.ini", "[runtime]\nfused_batch_norm = false\n");

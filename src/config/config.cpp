@@ -165,6 +165,9 @@ const OptionSpec kOptions[] = {
     {"fused-batch-norm", "runtime", &TrainConfig::fused_batch_norm,
      "GPU: the built-in ResNets' batch norm, ReLU and residual add as fused kernels in "
      "training (channels-last); off: LibTorch's batch norm"},
+    {"fused-pooling", "runtime", &TrainConfig::fused_pooling,
+     "GPU: simple_cnn's max pooling, bias and ReLU as one fused kernel (channels-last); off: "
+     "LibTorch's max pooling, add and ReLU"},
     {"deterministic", "runtime", &TrainConfig::deterministic,
      "GPU: deterministic cuDNN algorithms, so that a run (and a resumed run) repeats bit for bit"},
     {"cuda-profiler-start-step", "runtime", &TrainConfig::cuda_profiler_start_step,

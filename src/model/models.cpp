@@ -9,6 +9,7 @@
 
 #include "hpc_train/error.h"
 #include "hpc_train/model/model_zoo.h"
+#include "hpc_train/model/pool_bias_relu.h"
 #include "hpc_train/model/scripted_model.h"
 
 namespace hpc_train {
@@ -82,8 +83,9 @@ class SimpleCnn : public Model {
   }
 
   torch::Tensor forward(const torch::Tensor& images) override {
-    auto x = conv_pool_relu(*conv1_, images);
-    x = conv_pool_relu(*conv2_, x);
+    auto x = conv_pool_relu(*conv1_, images, at::MemoryFormat::ChannelsLast);
+    // NCHW, so that the flatten is a view in PyTorch's order (fc1's weights expect it).
+    x = conv_pool_relu(*conv2_, x, at::MemoryFormat::Contiguous);
     x = torch::relu(fc1_->forward(x.flatten(1)));
     return fc2_->forward(x);
   }
@@ -99,11 +101,13 @@ class SimpleCnn : public Model {
   // two pixels of a window differ before the bias and tie after it can the gradient go to
   // another one (max pooling sends it to the first maximum). On an H200 (bf16), the two bias
   // gradients' reductions over the full maps took 30 us of the 387 us of kernels in a step
-  // (bench/results-h200-2026-12-04.txt).
-  static torch::Tensor conv_pool_relu(const nn::Conv2dImpl& conv, const torch::Tensor& x) {
-    const torch::Tensor pooled = torch::max_pool2d(
-        torch::conv2d(x, conv.weight, /*bias=*/{}, /*stride=*/1, /*padding=*/kConvPadding), 2);
-    return torch::relu(pooled + conv.bias.view({1, -1, 1, 1}));
+  // (bench/results-h200-2026-12-04.txt). On a GPU the three run as one kernel (Note [Fused
+  // pooling] in pool_bias_relu.h), whose output is laid out as `pooled_format`.
+  static torch::Tensor conv_pool_relu(const nn::Conv2dImpl& conv, const torch::Tensor& x,
+                                      at::MemoryFormat pooled_format) {
+    return max_pool_bias_relu(
+        torch::conv2d(x, conv.weight, /*bias=*/{}, /*stride=*/1, /*padding=*/kConvPadding),
+        conv.bias, pooled_format);
   }
 
   static constexpr int64_t kConvPadding = 1;  // 3x3 convolutions keep the image's size

@@ -17,6 +17,7 @@
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
 #include "hpc_train/model/batch_norm_act.h"
+#include "hpc_train/model/pool_bias_relu.h"
 #include "hpc_train/model/flat_parameters.h"
 #include "hpc_train/monitor/gpu_monitor.h"
 #include "hpc_train/model/initial_weights.h"
@@ -115,9 +116,9 @@ struct Trainer::Impl {
     const ReducerOptions bucketing = reducer_options(config);
     BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
     channels_last = placement.cuda && config.channels_last;
-    // Weights channels-last where the input really is (Note [Channels-last weights]).
+    // Note [Channels-last weights]
     flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),
-                          /*channels_last_weights=*/channels_last && info.channels > 1);
+                          /*channels_last_weights=*/channels_last);
     // Every rank starts from rank 0's parameters and buffers.
     comm.broadcast(flat.values(), 0).wait();
     broadcast_buffers(*model, comm);
@@ -138,6 +139,7 @@ struct Trainer::Impl {
     phase_ends("data");  // the store's read, the resident split's copy to the GPU
     if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
     set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
+    set_fused_pooling(config.fused_pooling);        // Note [Fused pooling]
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();

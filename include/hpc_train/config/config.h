@@ -85,6 +85,9 @@ struct TrainConfig {
   // --fused-batch-norm: the zoo's ResNets' batch norms, with their ReLU and residual add, as the
   // fused kernels of ours in training on a GPU (batch_norm_act.h); off: LibTorch's ops
   bool fused_batch_norm = true;
+  // --fused-pooling: simple_cnn's max pooling, bias and ReLU as one kernel of ours on a GPU
+  // (pool_bias_relu.h); off: LibTorch's ops
+  bool fused_pooling = true;
   // --deterministic: GPU runs repeat bit for bit (deterministic cuDNN algorithms, no autotuning);
   // off, cuDNN may pick algorithms that sum in a varying order (faster, not reproducible)
   bool deterministic = false;

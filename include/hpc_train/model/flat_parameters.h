@@ -31,12 +31,13 @@
 // with the same strides, as autograd's gradient for it is, so collecting it needs no copy. The
 // slot's size and place are unchanged: buckets, collectives and the optimizer, which see flat
 // elements, do not know; to_logical and from_logical translate, so checkpoints and weight files
-// keep PyTorch's order. The trainer asks for it only where the images have more than one
-// channel: a one-channel NHWC batch is also NCHW, LibTorch then runs the network NCHW, and
-// channels-last weights would turn it NHWC. On an H200, with every model's weights
-// channels-last, resnet18 on CIFAR went from 5.26-5.33 to 5.08 ms/step but simple_cnn on
-// Fashion-MNIST from 0.297 to 0.308 (NHWC max pooling costing more is the profile's likely
-// cause, not isolated).
+// keep PyTorch's order. The trainer asks for it whenever the activations are channels-last. A
+// one-channel batch is NCHW and NHWC at once, and LibTorch's convolution then runs NHWC because
+// the weights are: the whole network does. On an H200, resnet18 on CIFAR went from 5.26-5.33 to
+// 5.08 ms/step with channels-last weights; simple_cnn on Fashion-MNIST went from 0.297 to 0.308,
+// its LibTorch max pooling slower in NHWC, so it then stayed NCHW (one-channel images kept
+// contiguous weights), with cuDNN converting around its convolutions. Its pooling now runs as a
+// kernel of ours in NHWC (Note [Fused pooling] in pool_bias_relu.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

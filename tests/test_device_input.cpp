@@ -1,6 +1,6 @@
 // DeviceInput: normalisation against a hand computation, crop and flip as exact index moves,
 // deterministic draws, the two-phase staging, static buffers, the resident split, the --augment
-// policy. On the GPU when LibTorch sees one (HPC_TRAIN_TEST_DEVICE=cuda insists on it,
+// policy, and the GPU input kernel's per-element work run on the CPU. On the GPU when LibTorch sees one (HPC_TRAIN_TEST_DEVICE=cuda insists on it,
 // HPC_TRAIN_TEST_DEVICE=cpu forbids it), where the results are also compared with the CPU's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "hpc_train/data/device_input.h"
+#include "hpc_train/data/input_items.h"
 #include "hpc_train/error.h"
 #include "hpc_train/train/step_graph.h"
+#include "host_convert.h"
 #include "synthetic_dataset.h"
 
 namespace hpc_train {
@@ -382,6 +384,30 @@ TEST(DeviceInput, GpuMatchesCpu) {
   }
 }
 
+// On the GPU the input kernel writes a CUDA graph's static buffers in their own layout (NHWC
+// here) and dtype: the CPU's batch, to bf16's rounding (the two round fp32 values that may
+// differ in their last bit).
+TEST(DeviceInput, GpuFillsChannelsLastBuffers) {
+  const c10::Device device = test_device();
+  if (!device.is_cuda()) GTEST_SKIP() << "no GPU";
+  const DatasetInfo info = image_info(3, 32, 32);
+  DeviceInput gpu(info, device, at::kBFloat16, crop_and_flip(), kSeed, 2, kBatch);
+  DeviceInput cpu(info, c10::Device(c10::kCPU), at::kFloat, crop_and_flip(), kSeed, 2, kBatch);
+  const at::TensorOptions on_gpu = at::TensorOptions().device(device);
+  at::Tensor static_input =
+      at::empty({kBatch, 3, 32, 32},
+                on_gpu.dtype(at::kBFloat16).memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor static_labels = at::empty({kBatch}, on_gpu.dtype(at::kLong));
+  for (int64_t b = 0; b < 3; ++b) {
+    const HostBatch batch = random_batch(info, kBatch, b, 700 + b);
+    gpu.fill(batch, 9, static_input, static_labels);
+    ASSERT_TRUE(static_input.is_contiguous(at::MemoryFormat::ChannelsLast));
+    const DeviceBatch expected = cpu.to_device(batch, 9);
+    expect_same_batch({static_input, static_labels},
+                      {expected.input.to(at::kBFloat16), expected.labels}, 1e-2);
+  }
+}
+
 // Note [Staging ring] on a busy GPU: with seconds of work queued on the compute stream,
 // prepare() and take() return at once (no host synchronisation), and the copy of a batch into a
 // slot still waits for the transform that reads that slot's previous batch (else batch 0 would
@@ -413,6 +439,77 @@ TEST(DeviceInput, GpuStagingDoesNotWaitForTheComputeStream) {
   EXPECT_LT(host_ms, 0.5 * total_ms) << "host " << host_ms << " ms, GPU " << total_ms << " ms";
   for (size_t b = 0; b < batches.size(); ++b)
     expect_same_batch(out[b], cpu.to_device(batches[b], 0), 1e-6);
+}
+
+using testing::HostConvert;
+
+// The input kernel's per-element work (input_items.h, Note [One input kernel] in
+// device_input.cpp), run on the CPU over every element of a batch: for resident rows and for a
+// staged batch, with and without crop and flip, written NCHW and NHWC. Each sample must be its
+// source image zero-padded, windowed at (top, left) and mirrored where flipped, normalised as
+// LibTorch's ops normalise (within fp32 rounding: the kernel multiplies by 1/255 where the CPU's
+// LibTorch divides), with its label.
+TEST(InputKernel, ElementsAreTheCroppedFlippedNormalisedSources) {
+  const DatasetInfo info = image_info(3, 6, 5);
+  const int64_t batch = 5, rows = 9, padding = 2;
+  at::Tensor source = at::randint(0, 256, {rows, 3, 6, 5}, at::kLong).to(at::kByte);
+  at::Tensor source_labels = at::randint(0, 10, {rows}, at::kLong);
+  const at::Tensor row = at::tensor(std::vector<int64_t>{4, 0, 8, 4, 2});
+  const at::Tensor top = at::tensor(std::vector<int64_t>{0, 4, 2, 1, 3});
+  const at::Tensor left = at::tensor(std::vector<int64_t>{4, 0, 2, 3, 1});
+  const at::Tensor flip = at::tensor(std::vector<int64_t>{1, 0, 0, 1, 1});
+  const at::Tensor mean = at::tensor(info.mean, at::kFloat), std = at::tensor(info.std, at::kFloat);
+  for (const bool resident : {true, false}) {
+    for (const bool augmented : {true, false}) {
+      for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+        SCOPED_TRACE(std::string(resident ? "resident" : "staged") +
+                     (augmented ? ", crop and flip" : "") +
+                     (format == at::MemoryFormat::ChannelsLast ? ", NHWC" : ", NCHW"));
+        InputBatchArgs args;
+        args.batch = batch;
+        args.channels = info.channels;
+        args.height = info.height;
+        args.width = info.width;
+        // Staged: the batch's own images, row b for sample b.
+        const at::Tensor images = resident ? source : source.index_select(0, row);
+        const at::Tensor labels_in = resident ? source_labels : source_labels.index_select(0, row);
+        args.images = images.data_ptr<uint8_t>();
+        args.source_row = resident ? row.data_ptr<int64_t>() : nullptr;
+        args.source_labels = labels_in.data_ptr<int64_t>();
+        if (augmented) {
+          args.crop_top = top.data_ptr<int64_t>();
+          args.crop_left = left.data_ptr<int64_t>();
+          args.flip = flip.data_ptr<int64_t>();
+          args.crop_padding = padding;
+        }
+        args.mean = mean.data_ptr<float>();
+        args.std = std.data_ptr<float>();
+        at::Tensor input = at::empty({batch, 3, 6, 5}, at::TensorOptions().memory_format(format));
+        at::Tensor labels = at::empty({batch}, at::kLong);
+        args.input = input.data_ptr();
+        for (int d = 0; d < 4; ++d) args.input_stride[d] = input.stride(d);
+        args.labels = labels.data_ptr<int64_t>();
+        for (int64_t e = 0; e < input_elements(args); ++e) input_element<float, HostConvert>(args, e);
+
+        for (int64_t b = 0; b < batch; ++b) {
+          const int64_t r = row[b].item<int64_t>();
+          at::Tensor expected = source[r];
+          if (augmented) {
+            expected = at::constant_pad_nd(expected, {padding, padding, padding, padding}, 0)
+                           .narrow(1, top[b].item<int64_t>(), 6)
+                           .narrow(2, left[b].item<int64_t>(), 5);
+            if (flip[b].item<int64_t>()) expected = expected.flip({2});
+          }
+          const at::Tensor normalised =
+              expected.to(at::kFloat).div_(255.0).sub_(mean.view({3, 1, 1})).div_(std.view({3, 1, 1}));
+          EXPECT_TRUE(at::allclose(input[b], normalised, /*rtol=*/1e-6, /*atol=*/1e-6))
+              << "sample " << b << ": max difference "
+              << (input[b] - normalised).abs().max().item<double>();
+          EXPECT_EQ(labels[b].item<int64_t>(), source_labels[r].item<int64_t>()) << "sample " << b;
+        }
+      }
+    }
+  }
 }
 
 TEST(DefaultAugmentation, Policy) {

@@ -8,7 +8,7 @@
 // 2^-11, 2^-8). Inputs from a few values, so that windows tie, with NaN and -inf among them.
 // Fresh random inputs every run (the seed is printed; HPC_TRAIN_TEST_SEED=<seed> repeats it).
 // Also: a CUDA graph's replay of forward and backward gives the eager bits, and where the kernels
-// do not apply LibTorch's ops run. test_fused_pooling_items checks the same per-thread work on
+// do not apply LibTorch's ops run. test_kernel_items checks the same per-thread work on
 // the CPU.
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -29,7 +29,7 @@ namespace {
 
 using hpc_train::max_pool_bias_relu;
 
-uint64_t test_seed() { return hpc_train::testing::test_seed("test_fused_pooling"); }
+uint64_t test_seed() { return hpc_train::testing::test_seed("test_fused_kernels"); }
 
 const torch::Device kGpu(torch::kCUDA, 0);
 

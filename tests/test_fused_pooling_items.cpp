@@ -6,7 +6,7 @@
 // computes. fp32, fp16 and bf16; inputs drawn from a few values, so that windows tie, with NaN
 // and -inf among them; odd heights and widths (the last row or column not pooled); the pooled
 // output NHWC and NCHW; one to three channel vectors. Fresh random inputs every run (the seed is
-// printed; HPC_TRAIN_TEST_SEED=<seed> repeats a run). The GPU build's test_fused_pooling runs
+// printed; HPC_TRAIN_TEST_SEED=<seed> repeats a run). The GPU build's test_fused_kernels runs
 // the kernels themselves.
 //
 // The reference computes in fp32 from the dtype's values and rounds once at the end: LibTorch's
@@ -23,23 +23,14 @@
 
 #include "hpc_train/model/fused_pooling_items.h"
 #include "hpc_train/model/pool_bias_relu.h"
+#include "host_convert.h"
 #include "test_seed.h"
 
 namespace {
 
+using hpc_train::testing::HostConvert;
 using hpc_train::PoolShape;
 
-// The items' conversions on the host: LibTorch's, which round to nearest even.
-struct HostConvert {
-  template <typename T>
-  static float to_float(T x) {
-    return static_cast<float>(x);
-  }
-  template <typename T>
-  static T from_float(float x) {
-    return static_cast<T>(x);
-  }
-};
 
 struct Case {
   std::vector<int64_t> shape;  // N, C, H, W
@@ -154,17 +145,17 @@ const std::vector<Case> cases_for(int64_t vector) {
 }
 
 TEST(FusedPoolingItems, EqualLibTorchFp32) {
-  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_fused_pooling_items")));
+  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_kernel_items")));
   for (const Case& c : cases_for(4)) check_case<float>(torch::kFloat, c);
 }
 
 TEST(FusedPoolingItems, EqualLibTorchFp16) {
-  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_fused_pooling_items")) + 1);
+  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_kernel_items")) + 1);
   for (const Case& c : cases_for(8)) check_case<c10::Half>(torch::kHalf, c);
 }
 
 TEST(FusedPoolingItems, EqualLibTorchBf16) {
-  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_fused_pooling_items")) + 2);
+  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_kernel_items")) + 2);
   for (const Case& c : cases_for(8)) check_case<c10::BFloat16>(torch::kBFloat16, c);
 }
 

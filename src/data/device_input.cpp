@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "data/device_input_staging.h"
+#include "hpc_train/data/input_items.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -280,29 +281,61 @@ struct DeviceInput::Impl {
     return slots[taken % kStagingSlots];
   }
 
-  // The oldest prepared batch as (normalised float input, labels), on the current stream; the
-  // labels of a loader batch are a view of the slot. The caller copies what it keeps out of the
-  // slot, then calls finish_take().
-  std::pair<at::Tensor, at::Tensor> read_oldest() {
+  // Note [One input kernel]
+  // A batch becomes the model's input in one kernel on a GPU (input_kernel.cu): the resident
+  // split's gather (or the staged batch), crop, flip, normalisation, cast to the model dtype and
+  // the caller's layout, and the labels, where LibTorch's ops took about ten launches (index
+  // selects, a gather and a mask for the crop, a cast, three arithmetic passes, a cast, and the
+  // copies into a CUDA graph's static buffers), each a pass over the batch on the GPU before the
+  // step. Its arithmetic is those ops', op for op (input_items.h). On the CPU, LibTorch's ops
+  // run, as they always have: CPU runs stay bitwise the same.
+  //
+  // Writes the oldest prepared batch into `input` ([size, C, H, W], the model dtype, any
+  // strides) and `labels` ([size] int64), on the current stream. The caller then calls
+  // finish_take().
+  void write_oldest(const at::Tensor& input, const at::Tensor& labels) {
     Slot& slot = slots[taken % kStagingSlots];
     copies->order_after_copy(static_cast<int>(taken % kStagingSlots));
     const at::Tensor fields = slot.device_fields.narrow(0, 0, kFieldRows * slot.size)
                                   .view({kFieldRows, slot.size});
-    at::Tensor images, labels;
+    const bool augmented = augment.random_crop || augment.horizontal_flip;
+    InputBatchArgs args;
+    args.batch = slot.size;
+    args.channels = info.channels;
+    args.height = info.height;
+    args.width = info.width;
+    args.images = (slot.resident ? resident_images : slot.device_images).data_ptr<uint8_t>();
+    args.source_row = slot.resident ? fields[kLabelOrIndex].data_ptr<int64_t>() : nullptr;
+    args.source_labels = slot.resident ? resident_labels.data_ptr<int64_t>()
+                                       : fields[kLabelOrIndex].data_ptr<int64_t>();
+    if (augmented) {
+      args.crop_top = fields[kCropTop].data_ptr<int64_t>();
+      args.crop_left = fields[kCropLeft].data_ptr<int64_t>();
+      args.flip = fields[kFlip].data_ptr<int64_t>();
+      args.crop_padding = augment.crop_padding_px;
+    }
+    args.mean = mean.data_ptr<float>();
+    args.std = std.data_ptr<float>();
+    args.input = input.data_ptr();
+    for (int d = 0; d < 4; ++d) args.input_stride[d] = input.stride(d);
+    args.labels = labels.data_ptr<int64_t>();
+    if (launch_input_kernel(args, input)) return;
+
+    at::Tensor images, source_labels;
     if (slot.resident) {
       const at::Tensor indices = fields[kLabelOrIndex];
       images = resident_images.index_select(0, indices);
-      labels = resident_labels.index_select(0, indices);
+      source_labels = resident_labels.index_select(0, indices);
     } else {
       images = slot.device_images.narrow(0, 0, slot.size);
-      labels = fields[kLabelOrIndex];
+      source_labels = fields[kLabelOrIndex];
     }
-    if (augment.random_crop || augment.horizontal_flip)
+    if (augmented)
       images = crop_and_flip(images, fields[kCropTop], fields[kCropLeft], fields[kFlip],
                              augment.crop_padding_px);
     // The trainer's normalisation before this class, op for op: CPU runs stay bitwise the same.
-    at::Tensor input = images.to(at::kFloat).div_(255.0).sub_(mean).div_(std);
-    return {std::move(input), std::move(labels)};
+    input.copy_(images.to(at::kFloat).div_(255.0).sub_(mean).div_(std));  // and cast
+    labels.copy_(source_labels);
   }
 
   void finish_take() {
@@ -312,10 +345,12 @@ struct DeviceInput::Impl {
 
   DeviceBatch take() {
     const Slot& slot = oldest_prepared("take");
-    auto [input, labels] = read_oldest();
+    const at::TensorOptions on_device = at::TensorOptions().device(device);
     DeviceBatch batch;
-    batch.input = input.to(dtype);
-    batch.labels = slot.resident ? std::move(labels) : labels.clone();
+    batch.input = at::empty({slot.size, info.channels, info.height, info.width},
+                            on_device.dtype(dtype));
+    batch.labels = at::empty({slot.size}, on_device.dtype(at::kLong));
+    write_oldest(batch.input, batch.labels);
     finish_take();
     return batch;
   }
@@ -348,9 +383,7 @@ struct DeviceInput::Impl {
                   std::to_string(slot.size) + " samples, the static buffers " +
                   std::to_string(max_batch_size) +
                   "; take() it and run that step without the graph (or use --drop-last)");
-    auto [input, labels] = read_oldest();
-    static_input.copy_(input);  // casts to the model dtype, like to(dtype)
-    static_labels.copy_(labels);
+    write_oldest(static_input, static_labels);
     finish_take();
   }
 };

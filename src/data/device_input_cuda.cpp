@@ -13,6 +13,8 @@
 #include <optional>
 
 #include "hpc_train/data/device_input.h"
+#include "hpc_train/data/input_kernel.h"
+#include "hpc_train/runtime/kernel_dtype_torch.h"
 
 namespace hpc_train {
 
@@ -73,6 +75,14 @@ void StagingCopies::wait_for_copies() noexcept {
     } catch (...) {  // destructors never throw; a CUDA error here resurfaces at the next call
     }
   }
+}
+
+bool launch_input_kernel(const InputBatchArgs& args, const at::Tensor& input) {
+  if (!input.is_cuda()) return false;
+  const std::optional<KernelDtype> dtype = kernel_dtype_of(input.scalar_type());
+  if (!dtype) return false;
+  launch_input_batch(args, *dtype, c10::cuda::getCurrentCUDAStream(input.device().index()));
+  return true;
 }
 
 }  // namespace hpc_train

@@ -1,6 +1,6 @@
 // The build's half of Note [Staging ring] (device_input.cpp), private to DeviceInput: one slot of
-// the ring, and StagingCopies, which moves a staged batch from a slot's host buffers to its device
-// buffers and orders those copies with the compute stream. The build picks one of two
+// the ring, StagingCopies, which moves a staged batch from a slot's host buffers to its device
+// buffers and orders those copies with the compute stream, and the input kernel's launch. The build picks one of two
 // implementations: device_input_cuda.cpp (a copy stream, and events `copied` and `consumed` per
 // slot) or device_input_cpu.cpp (the host buffers are the device buffers: nothing to copy or
 // order).
@@ -62,5 +62,12 @@ class StagingCopies {
   struct Streams;  // device_input_cuda.cpp's copy stream and events; nothing in a CPU build
   std::unique_ptr<Streams> streams_;
 };
+
+struct InputBatchArgs;  // input_items.h
+
+// Note [One input kernel]: launches the build's input kernel for `args` on the current stream,
+// writing `input` (the model dtype, on a GPU) and the labels; false where there is none (a CPU
+// build, or `input` on the CPU): the caller then runs LibTorch's ops.
+bool launch_input_kernel(const InputBatchArgs& args, const at::Tensor& input);
 
 }  // namespace hpc_train

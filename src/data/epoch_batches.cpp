@@ -48,9 +48,16 @@ bool EpochBatches::prepare_next(double* wait_ms) {
 }
 
 DeviceBatch EpochBatches::take() {
+  DeviceBatch batch = input_.take();
   taken_ = prepared_.front();
   prepared_.pop_front();
-  return input_.take();
+  return batch;
+}
+
+void EpochBatches::take_into(at::Tensor& input, at::Tensor& labels) {
+  input_.take_into(input, labels);  // throws for a short batch, which then stays staged
+  taken_ = prepared_.front();
+  prepared_.pop_front();
 }
 
 std::vector<int64_t> EpochBatches::taken_indices() const {

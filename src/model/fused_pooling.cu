@@ -1,5 +1,5 @@
 // The fused pooling kernels (fused_pooling.h, Note [Fused pooling] in pool_bias_relu.h): a
-// thread per item, the work of an item in fused_pooling_items.h, which test_fused_pooling_items
+// thread per item, the work of an item in fused_pooling_items.h, which test_kernel_items
 // also runs on the CPU.
 #include "hpc_train/model/fused_pooling.h"
 
@@ -14,18 +14,6 @@ namespace hpc_train {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The items' conversions (fused_pooling_items.h): cuda_float.cuh's.
-struct DeviceConvert {
-  template <typename T>
-  __device__ __forceinline__ static float to_float(T x) {
-    return ::hpc_train::to_float(x);
-  }
-  template <typename T>
-  __device__ __forceinline__ static T from_float(float x) {
-    return ::hpc_train::from_float<T>(x);
-  }
-};
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)

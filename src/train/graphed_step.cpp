@@ -30,8 +30,12 @@ bool GraphedStep::run(const DeviceBatch& batch, int64_t step,
   }
   static_batch_.input.copy_(batch.input);
   static_batch_.labels.copy_(batch.labels);
-  graph_.replay(comm, "step " + std::to_string(step + 1));
+  replay(step, comm);
   return true;
+}
+
+void GraphedStep::replay(int64_t step, Communicator& comm) {
+  graph_.replay(comm, "step " + std::to_string(step + 1));
 }
 
 }  // namespace hpc_train

@@ -331,22 +331,31 @@ struct Trainer::Impl {
       bool have_batch = batches.prepare_next(&times.data_wait_ms);
       while (have_batch) {
         const int64_t batch_size = batches.prepared_size();
-        const DeviceBatch batch = batches.take();
-        if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
         ++micro_step;
         const bool sync = ++micro_steps_since_update == config.grad_accum;
         if (micro_steps_since_update == 1) profiler_range.step_begins(global_step + 1);
-        const bool replayed =
+        const bool graph_wanted =
             graphed_step->wanted(sync, buckets_rebuilt, batch_size == config.micro_batch,
-                                 global_step - start.global_step) &&
-            graphed_step->run({in_model_layout(batch.input, channels_last), batch.labels},
-                              global_step, enqueue_whole_step, comm, reporter);
-        if (replayed) {
-          ++summary.graph_replays;
+                                 global_step - start.global_step);
+        bool replayed = false;
+        if (graph_wanted && graphed_step->captured()) {
+          // Note [One input kernel] (device_input.cpp): into the graph's buffers directly.
+          DeviceBatch& graph_input = graphed_step->static_batch();
+          batches.take_into(graph_input.input, graph_input.labels);
+          graphed_step->replay(global_step, comm);
+          replayed = true;
         } else {
-          forward_backward(batch, sync, times);
-          if (sync) optimizer_step(times);
+          const DeviceBatch batch = batches.take();
+          replayed = graph_wanted &&
+                     graphed_step->run({in_model_layout(batch.input, channels_last), batch.labels},
+                                       global_step, enqueue_whole_step, comm, reporter);
+          if (!replayed) {
+            forward_backward(batch, sync, times);
+            if (sync) optimizer_step(times);
+          }
         }
+        if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
+        if (replayed) ++summary.graph_replays;
         ++epoch_micro_steps;
         samples_in_epoch += batch_size * comm.size();  // every rank's batch has this size
         times.samples += batch_size;

@@ -39,6 +39,9 @@ class EpochBatches {
   // The size of the batch staged first and not yet taken.
   int64_t prepared_size() const { return prepared_.front().second - prepared_.front().first; }
   DeviceBatch take();
+  // The staged batch written into caller-owned tensors (DeviceInput::take_into): a CUDA graph's
+  // input buffers.
+  void take_into(at::Tensor& input, at::Tensor& labels);
   // The dataset indices of the batch taken last.
   std::vector<int64_t> taken_indices() const;
   double loader_wait_ms() const { return loader_ ? loader_->wait_ms() : 0.0; }

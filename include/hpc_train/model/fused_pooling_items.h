@@ -1,6 +1,6 @@
 // What one thread of the fused pooling kernels does (fused_pooling.cu; Note [Fused pooling] in
 // pool_bias_relu.h), as functions that compile for the GPU and for the host: the kernels call
-// them once per item, and test_fused_pooling_items calls them over every item on the CPU, so
+// them once per item, and test_kernel_items calls them over every item on the CPU, so
 // that the indexing, the tie and NaN rules and the masks are checked where CI runs (the GPU
 // test checks the kernels themselves).
 //
@@ -11,8 +11,8 @@
 // follows), read and written 16 bytes at a time where the channels are contiguous.
 //
 // The caller passes the conversions as `Convert`, with static `float to_float(T)` and
-// `T from_float<T>(float)` for its element types (cuda_float.cuh's on the GPU; LibTorch's Half
-// and BFloat16 in the test), each rounding to nearest even as LibTorch's casts.
+// `T from_float<T>(float)` for its element types, each rounding to nearest even as LibTorch's
+// casts: DeviceConvert (cuda_float.cuh) in the kernels, the tests' HostConvert on the CPU.
 #pragma once
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // The training step replayed from a CUDA graph (--cuda-graph): after a few eager steps, one
 // whole step (forward, backward, reduction, optimizer) is captured on static input buffers
-// (StepGraph, step_graph.h), and from then on every full, synchronised step copies its batch
-// into those buffers and replays the graph.
+// (StepGraph, step_graph.h), and from then on every full, synchronised step has its batch
+// written into those buffers and replays the graph.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +37,19 @@ class GraphedStep {
   }
 
   // Runs step `step` (the global step, from 0) on `batch`, in the model's layout, from the
-  // graph; the first call captures `enqueue_step` first. Returns false when that capture failed
+  // graph, copying it into the static buffers; the first call captures `enqueue_step` first. Returns false when that capture failed
   // (said through `reporter`): the caller runs the step eagerly, and no capture is tried again.
   // Throws Error instead when the graph is required.
   bool run(const DeviceBatch& batch, int64_t step,
            const std::function<void(const DeviceBatch&)>& enqueue_step, Communicator& comm,
            RunReporter& reporter);
+
+  // Once the graph is captured, a step's batch goes straight into static_batch()
+  // (DeviceInput::take_into, Note [One input kernel] in device_input.cpp) and replay() runs it.
+  bool captured() const { return graph_.captured(); }
+  DeviceBatch& static_batch() { return static_batch_; }
+  // Replays the captured step `step` (the global step, from 0) on what static_batch() holds.
+  void replay(int64_t step, Communicator& comm);
 
   // True once, after the step that captured the graph (host timers of that step mean nothing:
   // the throughput clock starts again there).

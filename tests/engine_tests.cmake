@@ -31,9 +31,10 @@ hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300
 hpc_train_add_script_test(NAME test_deepspeed_run SCRIPT test_deepspeed_run.sh TIMEOUT 300)
 
 # Our kernels' per-thread work run on the CPU against LibTorch: the fused pooling's (Note [Fused
-# pooling]); the GPU build's test_fused_kernels runs the kernels. (The input kernel's is in
-# test_device_input.)
-hpc_train_add_test(NAME test_kernel_items SOURCES test_fused_pooling_items.cpp RANKS 1
+# pooling]) and the cross-entropy's (Note [Fused cross-entropy]); the GPU build's
+# test_fused_kernels runs the kernels. (The input kernel's is in test_device_input.)
+hpc_train_add_test(NAME test_kernel_items
+                   SOURCES test_fused_pooling_items.cpp test_cross_entropy_items.cpp RANKS 1
                    LIBS hpc_train_engine)
 
 # The fused optimizer kernels against a float64 reference, fp16 overflow handling and CUDA-graph
@@ -44,8 +45,9 @@ if(HPC_TRAIN_GPU_BUILD)
   # The fused batch-norm kernels against LibTorch's ops in fp64 (Note [Fused batch norm]).
   hpc_train_add_test(NAME test_fused_batch_norm SOURCES test_fused_batch_norm.cpp RANKS 1
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
-  # The fused pooling kernels against LibTorch's ops on the GPU.
-  hpc_train_add_test(NAME test_fused_kernels SOURCES test_fused_pooling.cpp RANKS 1
+  # The fused pooling and cross-entropy kernels against LibTorch's ops on the GPU.
+  hpc_train_add_test(NAME test_fused_kernels
+                     SOURCES test_fused_pooling.cpp test_fused_cross_entropy.cpp RANKS 1
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
 endif()
 

@@ -14,6 +14,7 @@
 #include "hpc_train/data/epoch_batches.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/data/sample_store.h"
+#include "hpc_train/train/cross_entropy.h"
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
 #include "hpc_train/model/batch_norm_act.h"
@@ -169,7 +170,7 @@ struct Trainer::Impl {
       at::globalContext().setBenchmarkCuDNN(cudnn_autotunes(config, batch.labels.size(0)));
     model->train();
     const torch::Tensor logits = model->forward(in_model_layout(batch.input, channels_last));
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch.labels);
+    const torch::Tensor loss = mean_cross_entropy(logits, batch.labels);  // Note [Fused cross-entropy]
     times.forward_ms += phase.elapsed_ms();
     phase.restart();
     reducer->begin_backward(sync);

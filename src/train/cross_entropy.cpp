@@ -1,0 +1,14 @@
+// mean_cross_entropy (cross_entropy.h): the fused kernels where they apply, else LibTorch's ops.
+#include "hpc_train/train/cross_entropy.h"
+
+#include <torch/torch.h>
+
+namespace hpc_train {
+
+torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels) {
+  if (fused_cross_entropy_applies(logits, labels))
+    return detail::fused_cross_entropy(logits, labels);
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), labels);
+}
+
+}  // namespace hpc_train

@@ -64,9 +64,16 @@ at::Tensor ZeroOptimizer::gradient_partition() {
   return at::cat(slices).to(at::kFloat);
 }
 
-at::Tensor ZeroOptimizer::scale_loss(const at::Tensor& loss, double averaging) const {
-  if (on_device() && options_.loss_scaling) return loss * (loss_scale_ * averaging);
-  return loss * ((host_scaler_ ? host_scaler_->scale() : 1.0) * averaging);
+at::Tensor ZeroOptimizer::loss_gradient(const at::Tensor& loss, double averaging) {
+  if (on_device() && options_.loss_scaling) return (loss_scale_ * averaging).reshape({});
+  const double value = (host_scaler_ ? host_scaler_->scale() : 1.0) * averaging;
+  const at::Tensor& kept = constant_loss_gradient_;
+  if (!kept.defined() || constant_loss_gradient_value_ != value ||
+      kept.device() != loss.device() || kept.scalar_type() != loss.scalar_type()) {
+    constant_loss_gradient_ = at::full({}, value, loss.options());
+    constant_loss_gradient_value_ = value;
+  }
+  return constant_loss_gradient_;
 }
 
 void ZeroOptimizer::step() {

@@ -159,8 +159,9 @@ struct Trainer::Impl {
   // Each rank's loss is the mean over its micro-batch, and every rank's micro-batch has the same
   // size (the epoch plan pads or drops so that it does). The gradient of the mean loss over the
   // global batch (world size W ranks x grad_accum micro-steps) is then the sum, over ranks and
-  // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs on
-  // loss * loss_scale / (W * grad_accum), the micro-steps add up in the parameters' gradients
+  // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs as
+  // on loss * loss_scale / (W * grad_accum) (it starts from that factor, the optimizer's
+  // loss_gradient), the micro-steps add up in the parameters' gradients
   // (collected into the flat buffer at the last one), and the collectives sum over ranks: no
   // division pass, and fp16 sums stay small. N ranks with micro-batch b then match 1 rank with
   // batch N*b, and 2 micro-steps of b match 1 of 2b.
@@ -175,7 +176,7 @@ struct Trainer::Impl {
     phase.restart();
     reducer->begin_backward(sync);
     const double averaging = 1.0 / (comm.size() * static_cast<double>(config.grad_accum));
-    optimizer->scale_loss(loss, averaging).backward();
+    loss.backward(optimizer->loss_gradient(loss, averaging));
     times.backward_ms += phase.elapsed_ms();
     if (sync) {
       times.comm_wait_ms += reducer->finish_backward();

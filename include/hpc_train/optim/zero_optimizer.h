@@ -29,7 +29,7 @@
 // The step policy lives here on both devices, as DeepSpeed's ZeRO optimizer keeps its loss
 // scaler: the fp16 loss scaler (a LossScaler on the host, the device scaler on a GPU), the
 // learning-rate schedule (Note [Schedule step]) and zeroing the gradients after each step. The
-// trainer multiplies its loss by scale_loss(), calls step(), and reads report().
+// trainer starts backward from loss_gradient(), calls step(), and reads report().
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -94,9 +94,13 @@ class ZeroOptimizer {
   ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicator& comm, ZeroOptions options);
 
   // --- The step policy (see the top of this file).
-  // The loss to call backward on: loss x the current loss scale x `averaging`
-  // (Note [Gradient averaging] in trainer.cpp). No host sync on a GPU.
-  at::Tensor scale_loss(const at::Tensor& loss, double averaging) const;
+  // The gradient to start `loss`'s backward from: the current loss scale x `averaging` (Note
+  // [Gradient averaging] in trainer.cpp), as if backward ran on loss x scale x averaging, a 0-dim
+  // tensor like `loss`. Starting from it spares that product, the ones autograd would start from
+  // and the product's backward: three launches of every step. On a GPU with fp16 it is the
+  // device scaler's scale, read when the step runs (no host sync, capturable); otherwise a
+  // constant, made once (outside a capture) and kept while it stays the same.
+  at::Tensor loss_gradient(const at::Tensor& loss, double averaging);
   // One optimizer step with the owned schedule and scaler, then the gradients are zeroed. On a
   // GPU it is queued (step_on_device) and may be captured in a CUDA graph; on the CPU the host
   // scaler learns of an overflow at once (and throws Error at its minimum scale, as
@@ -187,6 +191,8 @@ class ZeroOptimizer {
   // The device path's buffers, on the parameters' GPU (undefined on the CPU).
   at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
   at::Tensor loss_scale_;      // fp32 [1]
+  at::Tensor constant_loss_gradient_;  // loss_gradient()'s constant, and its value
+  double constant_loss_gradient_value_ = 0.0;
   at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients
   at::Tensor block_partials_;  // fp64 [device_grid_blocks_]: the reduction's per-block sums
   at::Tensor segments_;        // int64 [segments, 4]: FusedSegment, this rank's partition

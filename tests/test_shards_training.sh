@@ -7,7 +7,8 @@
 #      through the index ends with the same weights (--export-weights, compared byte for byte
 #      with cmp) and the same losses (every loss of metrics.jsonl, as printed there); the
 #      pattern read from an INI file (the run directory's config.ini) too;
-#   3. the same with the train split resident (--resident-data on) and read by the loader (off);
+#   3. the same with the splits resident (--resident-data on: training and evaluation gather on
+#      the device) and read by the loader (off);
 #   4. a run over the shards checkpointed at step 7 and resumed (by the pattern, and on the file)
 #      ends byte for byte where the uninterrupted run over the file ends;
 #   5. a pattern that matches nothing, an index whose counts disagree with a shard, a missing

@@ -94,7 +94,8 @@ const OptionSpec kOptions[] = {
     {"augment", "data", &TrainConfig::augment,
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
-     "keep the train split on the device: auto (on a GPU, up to 4 GiB), on or off"},
+     "keep the train split on the device (and the test split, where both fit): auto (on a GPU, "
+     "up to 4 GiB), on or off"},
     {"data-store", "data", &TrainConfig::data_store,
      "file (read the train split's batches from the dataset) or memory (each rank reads 1/N of "
      "it once, batches are exchanged over MPI)"},

@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "hpc_train/data/batch_loader.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/train/training_state.h"
@@ -19,25 +23,34 @@ EvalResult Evaluator::evaluate(TrainableModel& model) {
   broadcast_buffers(model, comm_);
   torch::NoGradGuard no_grad;
   model.eval();
-  BatchLoader loader(dataset_, split_,
-                     rank_epoch_indices(seed_, 0, dataset_.info().size(split_), comm_.size(),
-                                        comm_.rank(), EpochTail::kUneven, /*shuffle=*/false),
-                     kBatchSamples, prefetch_batches_);
+  std::vector<int64_t> indices =
+      rank_epoch_indices(seed_, 0, dataset_.info().size(split_), comm_.size(), comm_.rank(),
+                         EpochTail::kUneven, /*shuffle=*/false);
   int64_t samples = 0;
-  HostBatch host_batch;
   // Sums stay on the device until the end: no wait for the GPU per batch.
   const auto on_device = torch::TensorOptions().device(device_);
   torch::Tensor loss_total = torch::zeros({}, on_device.dtype(torch::kDouble));
   torch::Tensor correct_total = torch::zeros({}, on_device.dtype(torch::kLong));
-  while (loader.next(host_batch)) {
-    const DeviceBatch batch = input_.to_device(host_batch, 0);
+  auto add_batch = [&](const DeviceBatch& batch) {
     const torch::Tensor logits =
         model.forward(in_model_layout(batch.input, channels_last_)).to(torch::kFloat);
     loss_total.add_(torch::nn::functional::cross_entropy(
         logits, batch.labels,
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
     correct_total.add_(logits.argmax(1).eq(batch.labels).sum());
-    samples += host_batch.size;
+    samples += batch.labels.size(0);
+  };
+  if (resident_) {
+    const auto count = static_cast<int64_t>(indices.size());
+    for (int64_t begin = 0, b = 0; begin < count; begin += kBatchSamples, ++b) {
+      const int64_t end = std::min(count, begin + kBatchSamples);
+      input_.prepare_resident({indices.begin() + begin, indices.begin() + end}, b, 0);
+      add_batch(input_.take());
+    }
+  } else {
+    BatchLoader loader(dataset_, split_, std::move(indices), kBatchSamples, prefetch_batches_);
+    HostBatch host_batch;
+    while (loader.next(host_batch)) add_batch(input_.to_device(host_batch, 0));
   }
   EvalResult result;
   result.samples = comm_.all_reduce_count(samples);
@@ -48,6 +61,11 @@ EvalResult Evaluator::evaluate(TrainableModel& model) {
     result.accuracy = static_cast<double>(result.correct) / static_cast<double>(result.samples);
   }
   return result;
+}
+
+void Evaluator::keep_split_resident() {
+  input_.keep_split_resident(dataset_, split_);
+  resident_ = true;
 }
 
 }  // namespace hpc_train

@@ -86,4 +86,11 @@ bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& inf
          resident_split_bytes(info, Split::kTrain) <= kAutoResidentBytes;
 }
 
+bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda) {
+  if (!keep_train_split_resident(config, info, cuda)) return false;
+  return config.resident_data == Switch::kOn ||
+         resident_split_bytes(info, Split::kTrain) + resident_split_bytes(info, Split::kTest) <=
+             kAutoResidentBytes;
+}
+
 }  // namespace hpc_train

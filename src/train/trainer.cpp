@@ -137,7 +137,8 @@ struct Trainer::Impl {
     }
     train_split_resident = keep_train_split_resident(config, info, placement.cuda);
     if (train_split_resident) train_input->keep_split_resident(dataset, Split::kTrain);
-    phase_ends("data");  // the store's read, the resident split's copy to the GPU
+    if (keep_test_split_resident(config, info, placement.cuda)) evaluator->keep_split_resident();
+    phase_ends("data");  // the store's read, the resident splits' copy to the GPU
     if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
     set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
     set_fused_pooling(config.fused_pooling);        // Note [Fused pooling]

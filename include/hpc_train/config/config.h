@@ -24,7 +24,7 @@ struct TrainConfig {
   int prefetch_batches = 4;    // --prefetch: batches read ahead by the loader thread
   int reader_threads = 8;      // --reader-threads: a batch's reads in flight (reader_threads.h)
   Switch augment = Switch::kAuto;  // --augment auto|on|off: random crop + flip (auto: CIFAR-like)
-  Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: train split on the device
+  Switch resident_data = Switch::kAuto;  // --resident-data auto|on|off: splits on the device
   DataStore data_store = DataStore::kFile;  // --data-store file|memory (sample_store.h)
   // --data-store-limit-mb: host memory (MiB) a rank's share of a memory store may take;
   // 0 = the node's MemAvailable divided by its ranks

@@ -2,6 +2,9 @@
 // its uneven share of the split in order (EpochTail::kUneven: every sample once, no padding),
 // in batches larger than training's (no gradients are kept, and the result does not depend on
 // the batch size), sums loss and correct answers on the device, and the sums are all-reduced.
+// The split is read from the file every evaluation, or kept on the device once
+// (keep_split_resident, where the train split is: keep_test_split_resident in run_options.h),
+// which gives the same batches (DeviceInput's resident mode) without the per-epoch reads.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -30,6 +33,9 @@ class Evaluator {
   // `model` in eval mode. Collective.
   EvalResult evaluate(TrainableModel& model);
 
+  // Reads the split once and keeps it on the device; every evaluate() then gathers from it.
+  void keep_split_resident();
+
  private:
   const DatasetFile& dataset_;
   Split split_;
@@ -39,6 +45,7 @@ class Evaluator {
   int prefetch_batches_;
   Communicator& comm_;
   DeviceInput input_;
+  bool resident_ = false;
 };
 
 }  // namespace hpc_train

@@ -54,5 +54,9 @@ bool capture_steps(const TrainConfig& config, const Placement& placement);
 // in config.cpp: with a store, auto keeps nothing resident).
 inline constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;  // CIFAR-10 takes 154 MB
 bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
+// Whether evaluation keeps the test split on the GPU too, where the train split is: on, or
+// auto when both splits together take at most kAutoResidentBytes. Every evaluation then gathers
+// its batches there instead of reading the file again (one read at start-up).
+bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
 
 }  // namespace hpc_train

@@ -10,7 +10,7 @@
 // (devices probed and agreed); dataset (HDF5 opens and checks the file); then the trainer's:
 // communicator (NCCL's, which makes the CUDA context), model (built, moved, and probed once,
 // LibTorch's and cuDNN's first use), optimizer (flat storage, broadcast, buckets, state), data
-// (the store's read, the resident split's copy) and resume. The training's own first steps
+// (the store's read, the resident splits' copy) and resume. The training's own first steps
 // (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are the summary's
 // warmup_s and the "Finished" line's warm-up, not here.
 #pragma once

@@ -242,6 +242,13 @@ TEST_F(DatasetFileTest, RoundTripExactBytes) {
     for (size_t k = 0; k < indices.size(); ++k)
       expect_sample(Split::kTrain, indices[k], images.data() + k * kSampleBytes, labels[k]);
 
+    // Increasing indices (a resident upload, evaluation's batches) are read straight into the
+    // output, across chunk boundaries and with gaps.
+    const std::vector<int64_t> increasing = {1, 2, 3, 15, 16, 17, 30, 31, kTrain - 1};
+    file.read_samples(Split::kTrain, increasing, images.data(), labels.data());
+    for (size_t k = 0; k < increasing.size(); ++k)
+      expect_sample(Split::kTrain, increasing[k], images.data() + k * kSampleBytes, labels[k]);
+
     const std::vector<int64_t> test_indices = {4, 3, 2, 1, 0};
     file.read_samples(Split::kTest, test_indices, images.data(), labels.data());
     for (size_t k = 0; k < test_indices.size(); ++k)

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -935,18 +936,25 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   if (indices.empty()) return;
 
   // HDF5 reads a selection in file order, so read the unique indices sorted, then scatter.
+  // Indices that already increase (a resident split's upload, evaluation's batches) are their
+  // own sorted list: they are read straight into `images`, with no staging copy.
+  const bool increasing =
+      std::adjacent_find(indices.begin(), indices.end(), std::greater_equal<int64_t>()) ==
+      indices.end();
   std::vector<int64_t> sorted(indices);
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  if (!increasing) {
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  }
   // Note [Shard order]: the sorted indices fall into the files in file order; each file reads
   // its part as local runs, in the same handle it was opened with.
   const std::vector<int64_t>& first = d.first(split);
   const size_t sample_bytes = static_cast<size_t>(d.info.sample_bytes());
-  std::vector<uint8_t> staged_images(sorted.size() * sample_bytes);
+  std::vector<uint8_t> staged_images(increasing ? 0 : sorted.size() * sample_bytes);
   std::vector<DirectRead> direct;  // Note [Reading only the samples]
   {
     h5::Lock lock;  // Note [HDF5 lock]
-    uint8_t* out = staged_images.data();
+    uint8_t* out = increasing ? images : staged_images.data();
     std::vector<int64_t> local;
     for (auto begin = sorted.begin(); begin != sorted.end();) {
       const size_t f = d.file_of(split, *begin);
@@ -966,8 +974,10 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   // Note [Reads in flight]
   d.readers.run(direct.size(), [&](size_t r) { read_fully(direct[r], split); });
   for (size_t k = 0; k < indices.size(); ++k) {
-    const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
-    std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);
+    if (!increasing) {
+      const size_t u = std::lower_bound(sorted.begin(), sorted.end(), indices[k]) - sorted.begin();
+      std::copy_n(staged_images.data() + u * sample_bytes, sample_bytes, images + k * sample_bytes);
+    }
     const size_t f = d.files.size() == 1 ? 0 : d.file_of(split, indices[k]);
     // Checked at open (Note [Labels read at open]).
     labels[k] = d.files[f].split(split).labels[static_cast<size_t>(indices[k] - first[f])];

@@ -166,14 +166,14 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
   wait_for_writes();
   broadcast_buffers(model_, comm_);
   const std::string path = checkpoint_path(config_.run_dir, position.global_step);
-  Checkpoint checkpoint = make_checkpoint(position);
   if (write == Write::kNow) {
-    write_checkpoint(comm_.mpi_comm(), path, checkpoint);
+    write_checkpoint(comm_.mpi_comm(), path, make_checkpoint(position));  // collective
     if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
   } else if (comm_.rank() == 0) {
     // Note [Background checkpoint writes]: the thread owns what it writes.
     background_write_ = std::async(
-        std::launch::async, [path, checkpoint = std::move(checkpoint), run_dir = config_.run_dir,
+        std::launch::async, [path, checkpoint = make_checkpoint(position),
+                             run_dir = config_.run_dir,
                              keep = config_.keep_checkpoints]() -> std::string {
           try {
             write_checkpoint_file(path, checkpoint);
@@ -183,6 +183,10 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
             return e.what();
           }
         });
+  } else {
+    // Rank 0 alone writes a background checkpoint: the others take part in the collective
+    // gather of the optimizer's partitions and build no host copy of the state.
+    optimizer_.gather_full_state();
   }
   reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3, write == Write::kBackground);
   return path;

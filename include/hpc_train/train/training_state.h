@@ -54,20 +54,21 @@ void broadcast_buffers(TrainableModel& model, Communicator& comm);
 // Note [Background checkpoint writes]
 // Writing a checkpoint's file takes a while: HDF5, then an fsync of the file and its directory
 // (0.07-0.09 s a checkpoint for the origin's simple_cnn job on the H200 machine's disk, 0.8 s of
-// its 5.1 s of training). The steps need not wait for it: once the state is on the host, nothing
-// of the training changes it. So a periodic or epoch-end checkpoint takes the state as before
-// (collectively, the GPU's tensors copied to the host) and rank 0 writes the file on a thread of
-// its own while the next steps run: write_checkpoint_file, HDF5's POSIX driver and no MPI, under
-// the HDF5 lock like the loader thread's reads. One write is in flight at a time: the next save
-// and the run's end wait for it, and there every rank learns whether it failed, so a failed
-// write ends the job naming the file at the next checkpoint or at the run's end at the latest,
-// and a run never finishes reporting a checkpoint that is not complete. A stop signal's
-// checkpoint is written at once (with kAuto's collective MPI-IO where HDF5 is parallel): the job
-// is about to end. A crash during a background write leaves what a crash during any write
-// leaves (Note [Atomic file write]): the earlier checkpoints and at most a temporary file, which
-// --resume auto passes over. The price: rank 0 writes the whole file alone, never as one
-// collective MPI-IO write, and keeps the host copy of the state until the file is written. The
-// origin's job trained in 4.4-4.6 s with its checkpoints written so (4.3 s without any).
+// its 5.1 s of training). The steps need not wait for it: once the state is on the host, nothing of
+// the training changes it. So a periodic or epoch-end checkpoint gathers the state as before
+// (collectively), rank 0 alone copies it to the host (the other ranks keep no copy), and rank 0
+// writes the file on a thread of its own while the next steps run: write_checkpoint_file, HDF5's
+// POSIX driver and no MPI, under the HDF5 lock like the loader thread's reads. One write is in
+// flight at a time: the next save and the run's end wait for it, and there every rank learns
+// whether it failed, so a failed write ends the job naming the file at the next checkpoint or at
+// the run's end at the latest, and a run never finishes reporting a checkpoint that is not
+// complete. A stop signal's checkpoint is written at once (with kAuto's collective MPI-IO where
+// HDF5 is parallel): the job is about to end. A crash during a background write leaves what a crash
+// during any write leaves (Note [Atomic file write]): the earlier checkpoints and at most a
+// temporary file, which --resume auto passes over. The price: rank 0 writes the whole file alone,
+// never as one collective MPI-IO write, and keeps the host copy of the state until the file is
+// written. The origin's job trained in 4.4-4.6 s with its checkpoints written so (4.3 s without
+// any).
 
 // A run's checkpoints, in its run directory (checkpoint_files.h). Every rank holds one; the
 // calls are collective.
@@ -87,9 +88,9 @@ class RunCheckpoints {
   // end", ...), keeps the newest --keep-checkpoints, and reports it. Rank 0's buffers are made
   // every rank's first: write_checkpoint may write any rank's bytes (and their crc32), so every
   // rank passes the same. Returns the file; "" without a run directory (tests).
-  // Note [Background checkpoint writes]: with kBackground the state is taken now (the GPU's
-  // tensors copied to the host) and rank 0 writes the file on a thread of its own while the
-  // training goes on; kNow (a stop signal's) has the file complete when it returns. Either
+  // Note [Background checkpoint writes]: with kBackground the state is gathered now (rank 0
+  // copies the GPU's tensors to the host) and rank 0 writes the file on a thread of its own
+  // while the training goes on; kNow (a stop signal's) has the file complete when it returns. Either
   // first waits for the write still in flight.
   enum class Write { kNow, kBackground };
   std::string save(const TrainingPosition& position, const char* why, Write write);

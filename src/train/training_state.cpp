@@ -18,50 +18,58 @@
 namespace hpc_train {
 namespace {
 
-std::vector<float> to_host_floats(const torch::Tensor& t) {
-  const torch::Tensor host = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+// Copies `t` (on any device) into `out` as `dtype`, in the logical (contiguous) order, resizing
+// `out` to fit. Note [Reused host copy]: `out`'s memory is written in place, one copy from the
+// device, so a vector that held the last checkpoint's tensor takes no new pages.
+template <typename Element>
+void copy_to_host(const torch::Tensor& t, torch::Dtype dtype, std::vector<Element>& out) {
+  const int64_t bytes = t.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+  out.resize(static_cast<size_t>(bytes) / sizeof(Element));
+  if (bytes == 0) return;
+  torch::from_blob(out.data(), t.sizes(), torch::TensorOptions().dtype(dtype)).copy_(t.detach());
 }
 
 }  // namespace
 
-std::vector<CheckpointTensor> model_state(const TrainableModel& model) {
-  std::vector<CheckpointTensor> state;
+void fill_model_state(const TrainableModel& model, std::vector<CheckpointTensor>& state) {
+  size_t count = 0;
   auto add = [&](const std::string& name, const torch::Tensor& value) {
     const bool integral = !at::isFloatingType(value.scalar_type());
-    const torch::Tensor host =
-        value.detach().to(torch::kCPU, integral ? torch::kLong : torch::kFloat).contiguous();
-    CheckpointTensor tensor;
+    if (state.size() <= count) state.emplace_back();
+    CheckpointTensor& tensor = state[count++];
     tensor.name = name;
     tensor.dtype = integral ? "I64" : "F32";
-    tensor.shape = host.sizes().vec();
-    const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
-    tensor.data.assign(bytes, bytes + host.numel() * host.element_size());
-    state.push_back(std::move(tensor));
+    tensor.shape = value.sizes().vec();
+    copy_to_host(value, integral ? torch::kLong : torch::kFloat, tensor.data);
   };
   for (const auto& item : model.named_parameters()) add(item.name, item.tensor);
   for (const auto& item : model.named_buffers()) add(item.name, item.tensor);
-  return state;
+  state.resize(count);
 }
 
-Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
-                            int64_t global_step) {
-  Checkpoint c;
+void fill_model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
+                           int64_t global_step, Checkpoint& c) {
   c.model = model.identity();
   c.channels = input.channels;
   c.height = input.height;
   c.width = input.width;
   c.num_classes = input.num_classes;
   c.position.global_step = global_step;
-  c.model_state = model_state(model);
+  fill_model_state(model, c.model_state);
+}
+
+Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
+                            int64_t global_step) {
+  Checkpoint c;
+  fill_model_checkpoint(input, model, global_step, c);
   return c;
 }
 
 void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state) {
   c.optimizer_steps = state.steps;
-  c.master = to_host_floats(state.master);
-  c.exp_avg = to_host_floats(state.exp_avg);
-  c.exp_avg_sq = to_host_floats(state.exp_avg_sq);
+  copy_to_host(state.master, torch::kFloat, c.master);
+  copy_to_host(state.exp_avg, torch::kFloat, c.exp_avg);
+  copy_to_host(state.exp_avg_sq, torch::kFloat, c.exp_avg_sq);
   const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
 }
@@ -146,8 +154,9 @@ std::string RunCheckpoints::to_resume() {
   return comm_.broadcast_string(found, 0, "checkpoint to resume");
 }
 
-Checkpoint RunCheckpoints::make_checkpoint(const TrainingPosition& position) {
-  Checkpoint c = model_checkpoint(input_, model_, position.global_step);
+Checkpoint& RunCheckpoints::fill_host_copy(const TrainingPosition& position) {
+  Checkpoint& c = host_copy_;
+  fill_model_checkpoint(input_, model_, position.global_step, c);
   add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
   c.precision = to_string(config_.precision);
   c.zero_stage = config_.zero_stage;
@@ -167,12 +176,13 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
   broadcast_buffers(model_, comm_);
   const std::string path = checkpoint_path(config_.run_dir, position.global_step);
   if (write == Write::kNow) {
-    write_checkpoint(comm_.mpi_comm(), path, make_checkpoint(position));  // collective
+    write_checkpoint(comm_.mpi_comm(), path, fill_host_copy(position));  // collective
     if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
   } else if (comm_.rank() == 0) {
-    // Note [Background checkpoint writes]: the thread owns what it writes.
+    // Note [Background checkpoint writes]: the thread reads the host copy until
+    // wait_for_writes has seen it end.
     background_write_ = std::async(
-        std::launch::async, [path, checkpoint = make_checkpoint(position),
+        std::launch::async, [path, &checkpoint = fill_host_copy(position),
                              run_dir = config_.run_dir,
                              keep = config_.keep_checkpoints]() -> std::string {
           try {

@@ -138,6 +138,11 @@ void Reducer::start_bucket(size_t bucket) {
   if (first_start_ms_ < 0) first_start_ms_ = t;
   events_.push_back({ReducerEvent::Kind::kCollectiveStarted, static_cast<int>(bucket), t});
   flat_.collect_grads(bucket);
+  bytes_last_backward_ += span.padded_numel * static_cast<int64_t>(flat_.grads().element_size());
+  // A world of one: its gradients are their own sum, and its slice of a bucket is the whole
+  // bucket, in place (reset_buckets). No collective runs, whatever the backend: NCCL ran each one
+  // as a kernel and two cross-stream events, in every step (and every replay of the graph).
+  if (comm_.size() == 1) return;
   at::Tensor grads = flat_.bucket_view(flat_.grads(), bucket);
   // Names the bucket if this collective stalls (Note [Communication watchdog] in comm.h).
   const std::string label = "bucket " + std::to_string(bucket);
@@ -147,7 +152,6 @@ void Reducer::start_bucket(size_t bucket) {
   } else {
     in_flight_.push_back(comm_.all_reduce(grads, ReduceOp::kSum, label));
   }
-  bytes_last_backward_ += span.padded_numel * static_cast<int64_t>(grads.element_size());
 }
 
 double Reducer::finish_backward() {

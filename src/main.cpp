@@ -29,6 +29,7 @@
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/startup_phases.h"
 #include "hpc_train/runtime/stop_signal.h"
+#include "hpc_train/train/run_options.h"
 #include "hpc_train/train/trainer.h"
 
 using namespace hpc_train;
@@ -43,22 +44,25 @@ int launcher_rank() {
   return 0;
 }
 
-// --help and --version answer without starting MPI: started alone, Open MPI's singleton start
-// spawns a daemon through ssh/rsh, which a login node, a container or a GPU box may not have,
-// and asking what a binary is must not depend on that. Under a launcher only rank 0 prints.
-// Returns the exit code when the command line asked for one of them; a command line that does
-// not parse is left to the agreed phase in main, which reports it from every rank.
-std::optional<int> answer_without_mpi(int argc, char** argv) {
-  CommandLine command_line;
+// The command line as parsed before MPI starts; nullopt when it does not parse, which is left
+// to the agreed phase in main, which reports it from every rank.
+std::optional<CommandLine> parse_before_mpi(int argc, char** argv) {
   try {
-    command_line = parse_command_line(argc, argv);
+    return parse_command_line(argc, argv);
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  if (command_line.action == CommandLine::Action::kTrain) return std::nullopt;
+}
+
+// --help and --version answer without starting MPI: started alone, Open MPI's singleton start
+// spawns a daemon through ssh/rsh, which a login node, a container or a GPU box may not have,
+// and asking what a binary is must not depend on that. Under a launcher only rank 0 prints.
+// Returns the exit code when the command line asked for one of them.
+std::optional<int> answer_without_mpi(const std::optional<CommandLine>& command_line) {
+  if (!command_line || command_line->action == CommandLine::Action::kTrain) return std::nullopt;
   if (launcher_rank() != 0) return kExitOk;
-  std::printf("%s", command_line.action == CommandLine::Action::kPrintAndExit
-                        ? command_line.text.c_str()
+  std::printf("%s", command_line->action == CommandLine::Action::kPrintAndExit
+                        ? command_line->text.c_str()
                         : format_build_report(build_report()).c_str());
   return kExitOk;
 }
@@ -67,7 +71,11 @@ std::optional<int> answer_without_mpi(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   StartupPhases startup;  // Note [Start-up phases]
-  if (const std::optional<int> exit_code = answer_without_mpi(argc, argv)) return *exit_code;
+  const std::optional<CommandLine> before_mpi = parse_before_mpi(argc, argv);
+  if (const std::optional<int> exit_code = answer_without_mpi(before_mpi)) return *exit_code;
+  // Note [Early CUDA start]: the context and cuBLAS/cuDNN start while MPI does.
+  EarlyCudaStart early_cuda(before_mpi ? &before_mpi->config : nullptr,
+                            before_mpi ? model_dtype(before_mpi->config) : torch::kFloat);
   Runtime runtime(&argc, &argv);
   startup.end_phase("mpi");
   // Before anything slow: a preemption signal during start-up must not kill the process.
@@ -120,6 +128,10 @@ int main(int argc, char** argv) {
                            physical_memory_bytes(), !placement.cuda);
     });
     startup.end_phase("dataset");
+    const std::string early_cuda_warning = early_cuda.finish(placement);
+    if (!early_cuda_warning.empty())
+      std::fprintf(stderr, "warning: rank %d: %s\n", runtime.rank(), early_cuda_warning.c_str());
+    startup.end_phase("cuda");  // what was left of the early start (Note [Early CUDA start])
 
     TrainerOutput output;
     output.run_dir = config.run_dir;

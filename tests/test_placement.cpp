@@ -7,7 +7,10 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpc_train/comm/comm.h"
@@ -332,4 +335,33 @@ TEST(ResolvePlacement, ThisBuildsReport) {
   const Placement p = hpc_train::resolve_placement(with("auto", "auto"), MPI_COMM_WORLD, mine);
   EXPECT_FALSE(p.cuda);
   EXPECT_EQ(p.backend, world_size() >= 2 ? CommBackendKind::kMpi : CommBackendKind::kNone);
+}
+
+// Note [Early CUDA start]: where each launcher says a rank's place on its node, before MPI.
+// The process's own variables (this test runs under mpirun) are set aside and put back.
+TEST(LauncherLocalRank, EachLaunchersVariableAndNoLauncher) {
+  const std::vector<std::string> names = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                          "PALS_LOCAL_RANKID", "SLURM_LOCALID",
+                                          "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const std::string& name : names)
+    if (const char* value = std::getenv(name.c_str())) saved.emplace_back(name, value);
+  for (const std::string& name : names) unsetenv(name.c_str());
+
+  EXPECT_EQ(hpc_train::launcher_local_rank(), 0) << "no launcher: the node's only rank";
+  setenv("PMIX_RANK", "5", 1);
+  EXPECT_EQ(hpc_train::launcher_local_rank(), std::nullopt)
+      << "a launcher that does not say the local rank";
+  setenv("SLURM_LOCALID", "3", 1);
+  EXPECT_EQ(hpc_train::launcher_local_rank(), 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  EXPECT_EQ(hpc_train::launcher_local_rank(), 1) << "mpirun inside a Slurm batch script";
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  setenv("MPI_LOCALRANKID", "2", 1);
+  EXPECT_EQ(hpc_train::launcher_local_rank(), 2) << "MPICH's Hydra";
+  setenv("MPI_LOCALRANKID", "x2", 1);
+  EXPECT_EQ(hpc_train::launcher_local_rank(), std::nullopt) << "not a number: no guess";
+
+  for (const std::string& name : names) unsetenv(name.c_str());
+  for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -98,6 +99,22 @@ std::string Placement::describe() const {
 }
 
 int choose_cuda_device(int local_rank, int visible_gpus) { return local_rank % visible_gpus; }
+
+std::optional<int> launcher_local_rank() {
+  // Slurm's last: a batch script's own environment has SLURM_LOCALID=0 for the mpirun inside it.
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "SLURM_LOCALID"})
+    if (const char* value = std::getenv(name)) {
+      char* end = nullptr;
+      const long rank = std::strtol(value, &end, 10);
+      if (end == value || *end != '\0' || rank < 0) return std::nullopt;
+      return static_cast<int>(rank);
+    }
+  // No launcher at all: a process started alone is its node's only rank.
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(name)) return std::nullopt;
+  return 0;
+}
 
 std::vector<Placement> decide_placement(const TrainConfig& config,
                                         const std::vector<RankDevices>& ranks, bool nccl_built) {

@@ -1,4 +1,5 @@
-// probe_devices of a CPU build (placement.h): LibTorch without CUDA sees no GPU.
+// probe_devices and EarlyCudaStart of a CPU build (placement.h): LibTorch without CUDA sees no
+// GPU, and nothing starts early.
 #include "hpc_train/runtime/placement.h"
 
 namespace hpc_train {
@@ -9,5 +10,9 @@ RankDevices probe_devices(const std::string& host, int local_rank) {
   mine.local_rank = local_rank;
   return mine;
 }
+
+EarlyCudaStart::EarlyCudaStart(const TrainConfig*, torch::Dtype) {}
+EarlyCudaStart::~EarlyCudaStart() = default;
+std::string EarlyCudaStart::finish(const Placement&) { return ""; }
 
 }  // namespace hpc_train

@@ -27,8 +27,12 @@
 
 #include <mpi.h>
 
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <torch/types.h>
 
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/config/config.h"
@@ -74,5 +78,45 @@ RankDevices probe_devices(const std::string& host, int local_rank);
 // made beforehand (probe_devices), so that a rank whose probe throws leaves no rank waiting here.
 Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const RankDevices& mine,
                             bool nccl_built = nccl_available());
+
+// Note [Early CUDA start]
+// A GPU rank's CUDA context (0.12 s on the H200 machine) and LibTorch's first use of cuBLAS and
+// cuDNN (most of the model phase's 0.26 s) wait for nothing that MPI decides, yet they came after
+// MPI_Init (0.23 s), the configuration, the placement and the dataset's checks. So main() starts
+// them on a thread before MPI_Init, on the GPU the rank will most likely take:
+// choose_cuda_device of the launcher's local rank (launcher_local_rank), which is what the agreed
+// placement picks unless it decides on the CPU. The thread makes the context and runs a small
+// convolution and matrix product, forward and backward, in the run's dtype and NHWC: the
+// libraries load and their handles are made there, and go back to LibTorch's per-device pools
+// when the thread ends, for the training thread to take. main() waits for the thread before the
+// trainer starts (the "cuda" phase of Note [Start-up phases] is what is left to wait). Nothing
+// starts where the command line does not parse (the agreed phase reports that), asks for the CPU,
+// or where the launcher does not say the rank's place on its node. Where the placement then
+// differs (the CPU after all, or another GPU), the context stays unused on that GPU and the
+// rank warns; LibTorch's handles on it are freed at exit.
+
+// This process's place among its node's ranks as its launcher says it (Open MPI's mpirun,
+// MPICH's Hydra, Cray PALS, Slurm's srun), before MPI exists; 0 for a process started without a
+// launcher; nullopt under a launcher that does not say.
+std::optional<int> launcher_local_rank();
+
+class EarlyCudaStart {
+ public:
+  // Starts the thread when this is a GPU build, `config` (the command line parsed before MPI;
+  // null when it did not parse) allows a GPU, and launcher_local_rank() knows the rank's place.
+  // `dtype`: the run's (model_dtype).
+  EarlyCudaStart(const TrainConfig* config, torch::Dtype dtype);
+  ~EarlyCudaStart();  // waits for the thread
+  EarlyCudaStart(const EarlyCudaStart&) = delete;
+  EarlyCudaStart& operator=(const EarlyCudaStart&) = delete;
+
+  // Waits for the thread. Returns a warning when it started a GPU that `placement` does not
+  // use, else "".
+  std::string finish(const Placement& placement);
+
+ private:
+  std::thread thread_;
+  int device_ = -1;  // the GPU the thread started, once it has ended; -1: none
+};
 
 }  // namespace hpc_train

@@ -7,10 +7,11 @@
 // "startup" ({"<phase>_s": seconds, "total_s": ...}). The phases: loading, the time from the
 // process's start (the kernel's record in /proc/self/stat) to main(), the dynamic loader mapping
 // LibTorch, CUDA and MPI (left out where /proc does not say); mpi (MPI_Init); config; placement
-// (devices probed and agreed); dataset (HDF5 opens and checks the file); then the trainer's:
-// communicator (NCCL's, which makes the CUDA context), model (built, moved, and probed once,
-// LibTorch's and cuDNN's first use), optimizer (flat storage, broadcast, buckets, state), data
-// (the store's read, the resident splits' copy) and resume. The training's own first steps
+// (devices probed and agreed); dataset (HDF5 opens and checks the file); cuda (what is left to
+// wait of the CUDA start that began before MPI_Init, Note [Early CUDA start]); then the
+// trainer's: communicator (NCCL's; the CUDA context where nothing started it early), model
+// (built, moved, and probed once: LibTorch's and cuDNN's first use), optimizer (flat storage,
+// broadcast, buckets, state), data (the store's read, the resident splits' copy) and resume. The training's own first steps
 // (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are the summary's
 // warmup_s and the "Finished" line's warm-up, not here.
 #pragma once

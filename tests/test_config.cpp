@@ -337,6 +337,9 @@ TEST_F(ConfigTest, FusedKernelSwitches) {
   message = parse_error({"--config", bad});
   EXPECT_NE(message.find(bad + ":3: fused_batch_norm = maybe in [runtime]"), std::string::npos)
       << message;
+  message = parse_error({"--fused-pooling=2"});
+  EXPECT_NE(message.find("--fused-pooling=2: expected true or false"), std::string::npos)
+      << message;
 }
 
 TEST_F(ConfigTest, CommandLineBeatsIniFile) {

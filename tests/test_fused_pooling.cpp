@@ -104,6 +104,9 @@ TEST(FusedPooling, EqualsLibTorch) {
     cases.push_back({{64, 64, 14, 14}, dtype, true});   // its second, before the flatten
     cases.push_back({{3, vector, 5, 7}, dtype, false});
     cases.push_back({{2, 3 * vector, 9, 6}, dtype, true});
+    // The backward's blocks: 100 vectors (two pixels a block, 56 threads idle) and 256 (one).
+    cases.push_back({{3, 100 * vector, 6, 4}, dtype, false});
+    cases.push_back({{2, 256 * vector, 4, 2}, dtype, true});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());
@@ -156,7 +159,8 @@ TEST(FusedPooling, GraphReplayEqualsEager) {
 }
 
 // Where the kernels do not apply, max_pool_bias_relu is LibTorch's ops: NCHW input, channels not
-// a multiple of the vector, a bias of another dtype, a CPU tensor, the switch off.
+// a multiple of the vector or more than 256 vectors, a bias of another dtype, a CPU tensor, the
+// switch off.
 TEST(FusedPooling, FallsBackToLibTorch) {
   const Case c{{4, 16, 6, 6}, torch::kBFloat16, false};
   const Inputs in = draw(c);
@@ -165,6 +169,15 @@ TEST(FusedPooling, FallsBackToLibTorch) {
   const torch::Tensor twelve =
       torch::randn({4, 12, 6, 6}, kGpu).to(torch::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
   EXPECT_FALSE(hpc_train::fused_pooling_applies(twelve, in.bias.narrow(0, 0, 12)));  // 12 % 8
+  // 257 vectors of 8: more than a backward block's threads hold for one pixel.
+  const torch::Tensor wide = torch::randn({1, 257 * 8, 2, 2}, kGpu)
+                                 .to(torch::kBFloat16)
+                                 .contiguous(at::MemoryFormat::ChannelsLast);
+  const torch::Tensor wide_bias = torch::zeros({257 * 8}, kGpu).to(torch::kBFloat16);
+  EXPECT_FALSE(hpc_train::fused_pooling_applies(wide, wide_bias));
+  EXPECT_TRUE(hpc_train::fused_pooling_applies(wide.narrow(1, 0, 256 * 8).contiguous(
+                                                   at::MemoryFormat::ChannelsLast),
+                                               wide_bias.narrow(0, 0, 256 * 8)));
   EXPECT_FALSE(hpc_train::fused_pooling_applies(in.x, in.bias.to(torch::kFloat)));
   EXPECT_FALSE(hpc_train::fused_pooling_applies(in.x.cpu(), in.bias.cpu()));
   hpc_train::set_fused_pooling(false);

@@ -109,11 +109,17 @@ void check_case(c10::ScalarType dtype, const Case& c) {
         window_index.data_ptr<uint8_t>());
   // (torch::zeros would drop the memory format.)
   torch::Tensor dx = torch::empty(c.shape, torch::TensorOptions(dtype).memory_format(nhwc)).zero_();
-  torch::Tensor dpooled = torch::empty(pooled_shape, torch::TensorOptions(dtype).memory_format(nhwc));
-  for (int64_t item = 0; item < items; ++item)
+  // Each item's terms of the bias's gradient, put where its pixel and channels are.
+  constexpr int V = hpc_train::kPoolVectorElements<T>;
+  torch::Tensor bias_terms = torch::empty(pooled_shape, torch::TensorOptions(torch::kFloat).memory_format(nhwc));
+  for (int64_t item = 0; item < items; ++item) {
+    float terms[V];
     hpc_train::pool_bias_relu_backward_item<T, HostConvert>(
         s, item, dy.data_ptr<T>(), y.data_ptr<T>(), window_index.data_ptr<uint8_t>(),
-        dx.data_ptr<T>(), dpooled.data_ptr<T>());
+        dx.data_ptr<T>(), terms);
+    const hpc_train::PoolItemPlace p = hpc_train::pool_item_place<T>(s, item);
+    for (int i = 0; i < V; ++i) bias_terms.data_ptr<float>()[p.pixel * channels + p.c + i] = terms[i];
+  }
 
   // LibTorch.
   const torch::Tensor x_float = x.to(torch::kFloat).contiguous().requires_grad_(true);
@@ -131,7 +137,7 @@ void check_case(c10::ScalarType dtype, const Case& c) {
 
   const torch::Tensor masked = torch::where(y.to(torch::kFloat) <= 0, torch::zeros({}),
                                             dy.to(torch::kFloat));
-  expect_same_values(dpooled, masked.to(dtype), "dpooled");
+  expect_same_values(bias_terms, masked.to(dtype).to(torch::kFloat), "bias terms");
   const torch::Tensor expected_dx = torch::autograd::grad({pooled}, {x_float}, {masked})[0];
   expect_same_values(dx, expected_dx.to(dtype), "dx");
 

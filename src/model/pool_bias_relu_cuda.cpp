@@ -83,17 +83,20 @@ class FusedMaxPoolBiasRelu : public torch::autograd::Function<FusedMaxPoolBiasRe
     // (torch::zeros would drop the memory format.)
     torch::Tensor dx = torch::empty(input_sizes, channels_last);
     if (shape.height % 2 != 0 || shape.width % 2 != 0) dx.zero_();
-    torch::Tensor dpooled = torch::empty(y.sizes(), channels_last);
+    const KernelDtype dtype = *kernel_dtype_of(y.scalar_type());
+    torch::Tensor bias_grad = torch::empty({shape.channels}, y.options());
+    torch::Tensor partials =
+        torch::empty({pool_backward_partials(shape, dtype)}, y.options().dtype(torch::kFloat));
     PoolBackwardArgs args;
     args.dy = dy.data_ptr();
     args.y = y.data_ptr();
     args.window_index = window_index.data_ptr<uint8_t>();
     args.dx = dx.data_ptr();
-    args.dpooled = dpooled.data_ptr();
-    launch_pool_bias_relu_backward(shape, *kernel_dtype_of(y.scalar_type()), args,
-                                   at::cuda::getCurrentCUDAStream());
+    args.bias_grad = bias_grad.data_ptr();
+    args.partials = partials.data_ptr<float>();
+    launch_pool_bias_relu_backward(shape, dtype, args, at::cuda::getCurrentCUDAStream());
     // One gradient per forward input: x, bias, and none for pooled_nchw.
-    return {dx, dpooled.sum({0, 2, 3}), torch::Tensor()};
+    return {dx, bias_grad, torch::Tensor()};
   }
 };
 

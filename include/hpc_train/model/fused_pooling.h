@@ -16,7 +16,8 @@
 namespace hpc_train {
 
 // Whether the kernels take this shape: channels a multiple of the 16-byte vector (8 at 16 bits,
-// 4 at 32), at least one pooled pixel.
+// 4 at 32) and at most 256 vectors (a backward block holds a pixel's), at least one pooled
+// pixel.
 bool fused_pooling_fits(const PoolShape& shape, KernelDtype dtype);
 
 struct PoolForwardArgs {
@@ -33,8 +34,13 @@ struct PoolBackwardArgs {
   const void* y = nullptr;        // the forward's output (the ReLU's mask)
   const uint8_t* window_index = nullptr;
   void* dx = nullptr;             // [N, H, W, C] out; an odd last row or column is not written
-  void* dpooled = nullptr;        // [N, H/2, W/2, C] out: dy masked by the ReLU (the bias's terms)
+  void* bias_grad = nullptr;      // [C] out, the bias's dtype: dy masked by the ReLU, summed
+  float* partials = nullptr;      // pool_backward_partials(shape, dtype) floats of workspace
 };
+// The backward's workspace: each block's per-channel sums of the bias's terms.
+int64_t pool_backward_partials(const PoolShape& shape, KernelDtype dtype);
+// Two kernels: the items' backward with each block's bias sums, then the sums over the blocks
+// (a fixed order: a replay or a rerun gives the same bits).
 void launch_pool_bias_relu_backward(const PoolShape& shape, KernelDtype dtype,
                                     const PoolBackwardArgs& args, cudaStream_t stream);
 

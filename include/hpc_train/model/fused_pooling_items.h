@@ -139,14 +139,14 @@ HPC_TRAIN_ITEM_FUNCTION void pool_bias_relu_forward_item(const PoolShape& s, int
 }
 
 // Backward: the ReLU's mask from y (LibTorch's threshold_backward: the gradient passes where
-// y > 0 or y is NaN), the masked gradient written pooled-size to `dpooled` (NHWC, for the bias's
-// gradient, a sum over it), and into the window's argmax in `dx`, zero at its other three
-// pixels. An odd last row or column of dx is left to the caller (zero).
+// y > 0 or y is NaN), the masked gradient written into the window's argmax in `dx`, zero at its
+// other three pixels, and returned in `bias_terms` as floats: the item's terms of the bias's
+// gradient, which is their sum over batch and pixels. An odd last row or column of dx is left to
+// the caller (zero).
 template <typename T, typename Convert>
-HPC_TRAIN_ITEM_FUNCTION void pool_bias_relu_backward_item(const PoolShape& s, int64_t item,
-                                                          const T* dy, const T* y,
-                                                          const uint8_t* window_index, T* dx,
-                                                          T* dpooled) {
+HPC_TRAIN_ITEM_FUNCTION void pool_bias_relu_backward_item(
+    const PoolShape& s, int64_t item, const T* dy, const T* y, const uint8_t* window_index, T* dx,
+    float (&bias_terms)[kPoolVectorElements<T>]) {
   constexpr int V = kPoolVectorElements<T>;
   const PoolItemPlace p = pool_item_place<T>(s, item);
   const int64_t out_offset = pool_output_offset(s, p);
@@ -155,8 +155,10 @@ HPC_TRAIN_ITEM_FUNCTION void pool_bias_relu_backward_item(const PoolShape& s, in
   const WindowIndices<V> argmax = *reinterpret_cast<const WindowIndices<V>*>(window_index + item * V);
   const T zero = Convert::template from_float<T>(0.0f);
   PoolVector<T> masked;
-  for (int i = 0; i < V; ++i) masked.element[i] = Convert::to_float(out.element[i]) <= 0.0f ? zero : grad.element[i];
-  *reinterpret_cast<PoolVector<T>*>(dpooled + p.pixel * s.channels + p.c) = masked;
+  for (int i = 0; i < V; ++i) {
+    masked.element[i] = Convert::to_float(out.element[i]) <= 0.0f ? zero : grad.element[i];
+    bias_terms[i] = Convert::to_float(masked.element[i]);
+  }
   for (int k = 0; k < 4; ++k) {
     PoolVector<T> in;
     for (int i = 0; i < V; ++i) in.element[i] = argmax.index[i] == k ? masked.element[i] : zero;

@@ -84,7 +84,9 @@ int main(int argc, char** argv) {
     CommandLine command_line;
     std::vector<std::string> warnings;
     run_agreed_phase(runtime, [&] {
-      command_line = parse_command_line(argc, argv);  // --help and --version were answered above
+      // Parsed once, before MPI (--help and --version were answered there); a command line
+      // that did not parse is parsed again here, so that every rank reports its error.
+      command_line = before_mpi ? *before_mpi : parse_command_line(argc, argv);
       // A DeepSpeed config's batch identity depends on the world size.
       warnings = apply_deepspeed_config(command_line.deepspeed, runtime.world_size(),
                                         command_line.given_on_command_line, command_line.config);

@@ -78,12 +78,15 @@ __global__ void __launch_bounds__(kThreads)
     bias_gradient_finish_kernel(int64_t channels, int64_t blocks,
                                 const float* __restrict__ partials, T* __restrict__ bias_grad) {
   constexpr int kWarp = 32;
-  const int64_t channel = static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp;
+  const int64_t channel =
+      static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   if (channel >= channels) return;  // the whole warp: its lanes share the channel
   float sum = 0.f;
-  for (int64_t block = lane; block < blocks; block += kWarp) sum += partials[block * channels + channel];
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  for (int64_t block = lane; block < blocks; block += kWarp)
+    sum += partials[block * channels + channel];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    sum += __shfl_down_sync(0xffffffffu, sum, offset);
   if (lane == 0) bias_grad[channel] = DeviceConvert::template from_float<T>(sum);
 }
 
@@ -131,8 +134,9 @@ void launch_pool_bias_relu_backward(const PoolShape& shape, KernelDtype dtype,
         shape, pool_items<T>(shape), static_cast<const T*>(args.dy), static_cast<const T*>(args.y),
         args.window_index, static_cast<T*>(args.dx), args.partials);
     CUDA_CHECK(cudaGetLastError());
+    // A warp per channel.
     bias_gradient_finish_kernel<T><<<blocks_for(shape.channels * 32), kThreads, 0, stream>>>(
-        shape.channels, b.blocks, args.partials, static_cast<T*>(args.bias_grad));  // a warp per channel
+        shape.channels, b.blocks, args.partials, static_cast<T*>(args.bias_grad));
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -14,9 +14,9 @@
 // about 10 us each in simple_cnn's step): fused_pooling.cu, one thread per 16 bytes of an output
 // pixel's channels (fused_pooling_items.h). The values are LibTorch's, bit for bit: the same
 // maximum (first in a tie, NaN wins), one fp32 add rounded once, the same masks; only the bias's
-// sum may add in another order. The pooled output may be
-// asked NCHW (`pooled_format`), so that a flatten after it is a view. Everywhere else, and under
-// set_fused_pooling(false) (--fused-pooling off), LibTorch's ops run.
+// sum may add in another order. The pooled output may be asked NCHW (`pooled_format`), so that
+// a flatten after it is a view. Everywhere else, and under set_fused_pooling(false)
+// (--fused-pooling off), LibTorch's ops run.
 #pragma once
 
 #include <c10/core/MemoryFormat.h>

@@ -86,7 +86,8 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // them on a thread before MPI_Init, on the GPU the rank will most likely take:
 // choose_cuda_device of the launcher's local rank (launcher_local_rank), which is what the agreed
 // placement picks unless it decides on the CPU. The thread makes the context and runs a small
-// convolution and matrix product, forward and backward, in the run's dtype and NHWC: the
+// convolution and matrix product, forward and backward, in the run's dtype (as the command line
+// and INI file give it: a DeepSpeed config's precision, applied later, may differ) and NHWC: the
 // libraries load and their handles are made there, and go back to LibTorch's per-device pools
 // when the thread ends, for the training thread to take. main() waits for the thread before the
 // trainer starts (the "cuda" phase of Note [Start-up phases] is what is left to wait). Nothing

@@ -12,9 +12,9 @@
 // trainer's: communicator (NCCL's; the CUDA context where nothing started it early), model
 // (built, moved, and probed once: LibTorch's and cuDNN's first use), optimizer (flat storage,
 // broadcast, buckets, state), data (the store's read; what is left to wait of the resident
-// splits' upload, which runs beside the model and optimizer phases) and resume. The training's own first steps
-// (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are the summary's
-// warmup_s and the "Finished" line's warm-up, not here.
+// splits' upload, which runs beside the model and optimizer phases) and resume. The training's
+// own first steps (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are
+// the summary's warmup_s and the "Finished" line's warm-up, not here.
 #pragma once
 
 #include <string>

@@ -79,8 +79,9 @@ void broadcast_buffers(TrainableModel& model, Communicator& comm);
 // during any write leaves (Note [Atomic file write]): the earlier checkpoints and at most a
 // temporary file, which --resume auto passes over. The price: rank 0 writes the whole file alone,
 // never as one collective MPI-IO write, and keeps a host copy of the state for the rest of the
-// run (Note [Reused host copy], which the next checkpoint writes over once this file is written). The origin's job trained in 4.4-4.6 s with its checkpoints written so (4.3 s without
-// any).
+// run (Note [Reused host copy], which the next checkpoint writes over once this file is
+// written). The origin's job trained in 4.4-4.6 s with its checkpoints written so (4.3 s
+// without any).
 
 // A run's checkpoints, in its run directory (checkpoint_files.h). Every rank holds one; the
 // calls are collective.
@@ -102,8 +103,8 @@ class RunCheckpoints {
   // rank passes the same. Returns the file; "" without a run directory (tests).
   // Note [Background checkpoint writes]: with kBackground the state is gathered now (rank 0
   // copies the GPU's tensors to the host) and rank 0 writes the file on a thread of its own
-  // while the training goes on; kNow (a stop signal's) has the file complete when it returns. Either
-  // first waits for the write still in flight.
+  // while the training goes on; kNow (a stop signal's) has the file complete when it returns.
+  // Either first waits for the write still in flight.
   enum class Write { kNow, kBackground };
   std::string save(const TrainingPosition& position, const char* why, Write write);
 

@@ -57,6 +57,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.epochs, b.epochs);
   EXPECT_EQ(a.max_steps, b.max_steps);
   EXPECT_EQ(a.micro_batch, b.micro_batch);
+  EXPECT_EQ(a.eval_batch, b.eval_batch);
   EXPECT_EQ(a.optimizer, b.optimizer);
   EXPECT_EQ(a.lr, b.lr);  // exact: the INI text must read back bit for bit
   EXPECT_EQ(a.beta1, b.beta1);
@@ -225,7 +226,7 @@ TEST(Config, CommandLineSetsEveryOption) {
   const TrainConfig c =
       parse({"--dataset", "d.h5", "--drop-last", "--prefetch", "7", "--model", "resnet18",
              "--epochs", "3", "--max-steps", "20000000000", "--micro-batch", "32",
-             "--optimizer", "adam", "--lr", "3e-4", "--beta1", "0.8", "--beta2", "0.99",
+             "--eval-batch", "1000", "--optimizer", "adam", "--lr", "3e-4", "--beta1", "0.8", "--beta2", "0.99",
              "--eps=1e-6", "--weight-decay", "0", "--seed", "18446744073709551615",
              "--threads-per-rank", "2", "--run-dir", "runs/my run", "--log-every", "5",
              "--progress", "lines"})
@@ -237,6 +238,7 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.epochs, 3);
   EXPECT_EQ(c.max_steps, 20000000000);
   EXPECT_EQ(c.micro_batch, 32);
+  EXPECT_EQ(c.eval_batch, 1000);
   EXPECT_EQ(c.optimizer, OptimizerKind::kAdam);
   EXPECT_EQ(c.lr, 3e-4);
   EXPECT_EQ(c.beta1, 0.8);
@@ -582,6 +584,9 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.micro_batch = 0; },
        "--micro-batch 0: must be at least 1 (samples per rank per step)"},
       {[](TrainConfig& c) { c.prefetch_batches = 0; }, "--prefetch 0:"},
+      {[](TrainConfig& c) { c.eval_batch = -1; },
+       "--eval-batch -1: must be 0 (sized by the sample) or more (samples per rank per "
+       "evaluation batch)"},
       {[](TrainConfig& c) { c.lr = 0; }, "--lr 0:"},
       {[](TrainConfig& c) { c.lr = -0.001; }, "--lr -0.001:"},
       {[](TrainConfig& c) { c.lr = std::numeric_limits<double>::infinity(); }, "--lr inf:"},
@@ -779,7 +784,7 @@ TEST(Config, ValidateForDatasetInputMemory) {
   EXPECT_EQ(config_error([&] {
               validate_for_dataset(config, info, "data.h5", 3, batch_bytes - 1, true);
             }),
-            "--micro-batch 64: the input of a micro-batch of data.h5's 1x28x28 samples (784 B "
+            "--micro-batch 64: the input of a batch of data.h5's 1x28x28 samples (784 B "
             "each) needs at least 441 KiB of host memory (the loader's queue, the batch being "
             "read and its float32 copy), more than this node's 441 KiB; use a smaller "
             "--micro-batch or --prefetch");
@@ -801,6 +806,25 @@ TEST(Config, ValidateForDatasetInputMemory) {
               "the input of a micro-batch of 1 needs at least 9 TiB of host memory, more than "
               "this node's 64 GiB");
   }
+
+  // An --eval-batch given outright, from a rank's share of the test split (100 samples: 34 on
+  // rank 0 at 3 ranks): 34 x 784 x (1 queued + 1 + 4), whatever larger batch is asked; auto (0)
+  // is not checked here (it is bounded by construction, run_options.h evaluation_batch).
+  config = TrainConfig{};
+  config.micro_batch = 1;  // 7056 bytes: below every bound here
+  config.eval_batch = 1000;
+  const int64_t eval_bytes = 34 * 784 * (1 + 1 + 4);  // 159936
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, eval_bytes, true));
+  EXPECT_EQ(config_error([&] {
+              validate_for_dataset(config, info, "data.h5", 3, eval_bytes - 1, true);
+            }),
+            "--eval-batch 1000: the input of a batch of data.h5's 1x28x28 samples (784 B each) "
+            "needs at least 156.2 KiB of host memory (the loader's queue, the batch being read "
+            "and its float32 copy), more than this node's 156.2 KiB; use a smaller --eval-batch "
+            "or --prefetch, or 0 (sized by the sample)");
+  config.eval_batch = 10;  // 4 queued of 4 batches: 10 x 784 x 9 = 70560
+  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, 70560, true));
+  EXPECT_THROW(validate_for_dataset(config, info, "data.h5", 3, 70559, true), ConfigError);
 
   // A train split kept resident in host memory: 600 x (784 + 8) = 475200 bytes.
   config = TrainConfig{};

@@ -50,4 +50,30 @@ TEST(RunOptions, ResidentTrainSplit) {
   EXPECT_FALSE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/true));
 }
 
+// Note [Evaluation batch]: auto from the float32 input's bytes, within [256, 4096]; a given
+// --eval-batch as is; neither beyond rank 0's share of the test split.
+TEST(RunOptions, EvaluationBatch) {
+  hpc_train::DatasetInfo fashion;  // 1x28x28: 3136 bytes of float32
+  fashion.channels = 1;
+  fashion.height = fashion.width = 28;
+  fashion.test_size = 10000;
+  hpc_train::DatasetInfo cifar = fashion;  // 3x32x32: 12288 bytes
+  cifar.channels = 3;
+  cifar.height = cifar.width = 32;
+  hpc_train::DatasetInfo imagenet = cifar;  // 3x224x224: 602112 bytes
+  imagenet.height = imagenet.width = 224;
+  TrainConfig config;
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 1), 4096);  // 5349, capped
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 3), 3334);  // rank 0's share
+  EXPECT_EQ(hpc_train::evaluation_batch(config, cifar, 1), 1365);    // 16 MiB / 12288
+  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1), 256);  // 27, raised
+  hpc_train::DatasetInfo no_test = fashion;
+  no_test.test_size = 0;
+  EXPECT_EQ(hpc_train::evaluation_batch(config, no_test, 2), 1);
+  config.eval_batch = 7;
+  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1), 7);
+  config.eval_batch = 100000;
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 4), 2500);
+}
+
 }  // namespace

@@ -122,6 +122,20 @@ read -r _ python_loss _ python_accuracy < <(models evaluate bn.pt bn.safetensors
 hpc_train_loss=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["test_loss"])' \
   bn/summary.json)
 within "$python_loss" "$hpc_train_loss" 1e-5 "PyTorch's test loss (eval mode) vs hpc_train's"
+# The same run evaluating in batches of 4 (4, 4, 2 of each rank's 10 test samples): the same
+# loss and accuracy (Note [Evaluation batch]), where the run above took one batch a rank.
+train 3 bn-eval4 "${bn[@]}" --model bn.pt --checkpoint-every 0 --eval-batch 4
+test_result() {
+  "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["test_loss"], s["test_accuracy"])' \
+    "$1/summary.json"
+}
+read -r eval4_loss eval4_accuracy < <(test_result bn-eval4)
+read -r _ hpc_train_accuracy < <(test_result bn)
+within "$python_loss" "$eval4_loss" 1e-5 "PyTorch's test loss vs hpc_train's in batches of 4"
+[ "$eval4_accuracy" = "$hpc_train_accuracy" ] || {
+  echo "FAIL: test accuracy $eval4_accuracy in batches of 4, $hpc_train_accuracy in one batch"
+  failures=$((failures + 1))
+}
 counts=$("$python" -c 'import sys
 sys.path.insert(0, sys.argv[1])
 from check_safetensors import read_safetensors

@@ -110,6 +110,9 @@ const OptionSpec kOptions[] = {
     {"epochs", "training", &TrainConfig::epochs, "passes over the training set"},
     {"max-steps", "training", &TrainConfig::max_steps, "stop after this many steps; 0 = no limit"},
     {"micro-batch", "training", &TrainConfig::micro_batch, "samples per rank per step"},
+    {"eval-batch", "training", &TrainConfig::eval_batch,
+     "samples per rank per evaluation batch; 0 = auto (as many as 16 MiB of float32 input "
+     "holds, 256 to 4096)"},
     {"optimizer", "training", &TrainConfig::optimizer, "adamw or adam"},
     {"lr", "training", &TrainConfig::lr, "learning rate"},
     {"beta1", "training", &TrainConfig::beta1, "Adam's first-moment decay"},
@@ -679,6 +682,8 @@ void validate(const TrainConfig& c) {
           "must be at least 1");
   require(c.micro_batch >= 1, "micro-batch", c.micro_batch,
           "must be at least 1 (samples per rank per step)");
+  require(c.eval_batch >= 0, "eval-batch", c.eval_batch,
+          "must be 0 (sized by the sample) or more (samples per rank per evaluation batch)");
   require(std::isfinite(c.lr) && c.lr > 0, "lr", c.lr, "must be a finite number > 0, e.g. 0.001");
   require(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "must be in [0, 1), e.g. 0.9");
   require(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "must be in [0, 1), e.g. 0.999");
@@ -776,8 +781,9 @@ std::string monitor_directory(const std::string& output_path, const std::string&
 // images, and the model's input made from one of them, as float32 (4 bytes an element); the
 // staging buffers of the device input and the activations come on top. When that alone is
 // more than the node has, the run could only end in an allocation failure or the kernel's OOM
-// killer once training had started, so it is refused before anything is allocated. Likewise a
-// train split kept resident in host memory (--resident-data on, on the CPU).
+// killer once training had started, so it is refused before anything is allocated. Likewise
+// an --eval-batch given outright (evaluation reads the test split the same way, in its own
+// batches), and a train split kept resident in host memory (--resident-data on, on the CPU).
 void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
                           const std::string& dataset_path, int world_size,
                           int64_t host_memory_bytes, bool input_on_host) {
@@ -810,26 +816,43 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
   // Note [Input memory bound]; in double, which cannot overflow here and is exact enough for a
   // bound.
   const double sample_bytes = static_cast<double>(dataset.sample_bytes());
-  const double queued = static_cast<double>(
-      std::min<int64_t>(c.prefetch_batches, batches_per_epoch(share, c.micro_batch)));
-  const double per_sample_bytes = sample_bytes * (queued + 1 + sizeof(float));
   const double memory = static_cast<double>(host_memory_bytes);
   const std::string shape = std::to_string(dataset.channels) + "x" +
                             std::to_string(dataset.height) + "x" + std::to_string(dataset.width);
-  if (per_sample_bytes > memory)
+  // Per sample of a batch of `batch` from a rank's `rank_share` of a split: the loader's queue
+  // (at most the share's batches), the batch being read and its float32 copy.
+  const auto per_sample_bytes = [&](int64_t batch, int64_t rank_share) {
+    const double queued = static_cast<double>(
+        std::min<int64_t>(c.prefetch_batches, batches_per_epoch(rank_share, batch)));
+    return sample_bytes * (queued + 1 + sizeof(float));
+  };
+  if (per_sample_bytes(c.micro_batch, share) > memory)
     throw DataError(dataset_path + ": one sample of " + shape + " (channels x height x width) "
                     "is " + memory_text(sample_bytes) + "; the input of a micro-batch of 1 needs "
-                    "at least " + memory_text(per_sample_bytes) + " of host memory, more than "
-                    "this node's " + memory_text(memory));
-  const double batch_bytes = per_sample_bytes * c.micro_batch;
-  if (batch_bytes > memory)
-    throw ConfigError("--micro-batch " + std::to_string(c.micro_batch) + ": the input of a "
-                      "micro-batch of " + dataset_path + "'s " + shape + " samples (" +
-                      memory_text(sample_bytes) + " each) needs at least " +
-                      memory_text(batch_bytes) + " of host memory (the loader's queue, the batch "
-                      "being read and its float32 copy), more than this node's " +
-                      memory_text(memory) +
-                      "; use a smaller --micro-batch or --prefetch");
+                    "at least " + memory_text(per_sample_bytes(c.micro_batch, share)) +
+                    " of host memory, more than this node's " + memory_text(memory));
+  const auto require_batch_fits = [&](const char* option, int64_t batch, int64_t rank_share,
+                                      const std::string& remedy) {
+    // No batch is larger than the share.
+    const double bytes = per_sample_bytes(batch, rank_share) *
+                         static_cast<double>(std::min(batch, rank_share));
+    if (bytes > memory)
+      throw ConfigError(std::string("--") + option + " " + std::to_string(batch) +
+                        ": the input of a batch of " + dataset_path + "'s " + shape +
+                        " samples (" + memory_text(sample_bytes) + " each) needs at least " +
+                        memory_text(bytes) + " of host memory (the loader's queue, the batch "
+                        "being read and its float32 copy), more than this node's " +
+                        memory_text(memory) + "; " + remedy);
+  };
+  require_batch_fits("micro-batch", c.micro_batch, share,
+                     "use a smaller --micro-batch or --prefetch");
+  // An --eval-batch given outright; auto takes at most 16 MiB of float32 input (run_options.h
+  // evaluation_batch).
+  if (c.eval_batch > 0)
+    require_batch_fits("eval-batch", c.eval_batch,
+                       std::max<int64_t>(1, samples_for_rank(dataset.test_size, world_size, 0,
+                                                             EpochTail::kUneven)),
+                       "use a smaller --eval-batch or --prefetch, or 0 (sized by the sample)");
   if (input_on_host && c.resident_data == Switch::kOn) {
     const double split_bytes = static_cast<double>(n) * (sample_bytes + sizeof(int64_t));
     if (split_bytes > memory)

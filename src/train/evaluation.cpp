@@ -14,10 +14,11 @@ namespace hpc_train {
 
 Evaluator::Evaluator(const DatasetFile& dataset, Split split, c10::Device device,
                      c10::ScalarType dtype, bool channels_last, uint64_t seed,
-                     int prefetch_batches, Communicator& comm)
+                     int64_t batch_samples, int prefetch_batches, Communicator& comm)
     : dataset_(dataset), split_(split), device_(device), channels_last_(channels_last),
-      seed_(seed), prefetch_batches_(prefetch_batches), comm_(comm),
-      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), kBatchSamples) {}
+      seed_(seed), batch_samples_(batch_samples), prefetch_batches_(prefetch_batches),
+      comm_(comm),
+      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples) {}
 
 EvalResult Evaluator::evaluate(TrainableModel& model) {
   broadcast_buffers(model, comm_);
@@ -42,13 +43,13 @@ EvalResult Evaluator::evaluate(TrainableModel& model) {
   };
   if (resident_) {
     const auto count = static_cast<int64_t>(indices.size());
-    for (int64_t begin = 0, b = 0; begin < count; begin += kBatchSamples, ++b) {
-      const int64_t end = std::min(count, begin + kBatchSamples);
+    for (int64_t begin = 0, b = 0; begin < count; begin += batch_samples_, ++b) {
+      const int64_t end = std::min(count, begin + batch_samples_);
       input_.prepare_resident({indices.begin() + begin, indices.begin() + end}, b, 0);
       add_batch(input_.take());
     }
   } else {
-    BatchLoader loader(dataset_, split_, std::move(indices), kBatchSamples, prefetch_batches_);
+    BatchLoader loader(dataset_, split_, std::move(indices), batch_samples_, prefetch_batches_);
     HostBatch host_batch;
     while (loader.next(host_batch)) add_batch(input_.to_device(host_batch, 0));
   }

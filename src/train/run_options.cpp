@@ -1,6 +1,9 @@
 #include "hpc_train/train/run_options.h"
 
+#include <algorithm>
+
 #include "hpc_train/data/device_input.h"
+#include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/optim/optimizer.h"
 #include "hpc_train/train/step_graph.h"
@@ -91,6 +94,19 @@ bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info
   return config.resident_data == Switch::kOn ||
          resident_split_bytes(info, Split::kTrain) + resident_split_bytes(info, Split::kTest) <=
              kAutoResidentBytes;
+}
+
+// Note [Evaluation batch]
+int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size) {
+  int64_t batch = config.eval_batch;
+  if (batch == 0) {
+    const int64_t float_input_bytes = info.channels * info.height * info.width * 4;
+    batch = std::clamp(kAutoEvalInputBytes / std::max<int64_t>(1, float_input_bytes),
+                       kMinAutoEvalBatch, kMaxAutoEvalBatch);
+  }
+  // Rank 0's share is the largest (EpochTail::kUneven); at least 1 for an empty split.
+  const int64_t share = samples_for_rank(info.test_size, world_size, 0, EpochTail::kUneven);
+  return std::max<int64_t>(1, std::min(batch, share));
 }
 
 }  // namespace hpc_train

@@ -41,6 +41,7 @@ struct TrainConfig {
   int epochs = 10;                // --epochs
   int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
   int micro_batch = 64;           // --micro-batch: samples per rank per step
+  int eval_batch = 0;             // --eval-batch: samples per rank per evaluation batch; 0 = auto
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam
   double lr = 1e-3;               // --lr
   double beta1 = 0.9;             // --beta1

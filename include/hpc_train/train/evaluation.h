@@ -1,7 +1,7 @@
 // Evaluation: loss and accuracy of the model on a split, exact over all ranks. Each rank takes
 // its uneven share of the split in order (EpochTail::kUneven: every sample once, no padding),
-// in batches larger than training's (no gradients are kept, and the result does not depend on
-// the batch size), sums loss and correct answers on the device, and the sums are all-reduced.
+// in batches of its own size, larger than training's (Note [Evaluation batch] in
+// run_options.h), sums loss and correct answers on the device, and the sums are all-reduced.
 // The split is read from the file every evaluation, or kept on the device once
 // (keep_split_resident, where the train split is: keep_test_split_resident in run_options.h),
 // which gives the same batches (DeviceInput's resident mode) without the per-epoch reads.
@@ -22,12 +22,12 @@ namespace hpc_train {
 
 class Evaluator {
  public:
-  static constexpr int64_t kBatchSamples = 256;
-
-  // Input like training's (`device`, `dtype`, `channels_last`), without augmentation.
-  // `dataset` and `comm` must outlive the evaluator.
+  // Input like training's (`device`, `dtype`, `channels_last`), without augmentation, in
+  // batches of `batch_samples` (the last one a rank's remainder). `dataset` and `comm` must
+  // outlive the evaluator.
   Evaluator(const DatasetFile& dataset, Split split, c10::Device device, c10::ScalarType dtype,
-            bool channels_last, uint64_t seed, int prefetch_batches, Communicator& comm);
+            bool channels_last, uint64_t seed, int64_t batch_samples, int prefetch_batches,
+            Communicator& comm);
 
   // Makes rank 0's buffers (BatchNorm statistics) every rank's, as DDP does, then evaluates
   // `model` in eval mode. Collective.
@@ -42,6 +42,7 @@ class Evaluator {
   c10::Device device_;
   bool channels_last_;
   uint64_t seed_;
+  int64_t batch_samples_;
   int prefetch_batches_;
   Communicator& comm_;
   DeviceInput input_;

@@ -50,8 +50,8 @@ TEST(RunOptions, ResidentTrainSplit) {
   EXPECT_FALSE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/true));
 }
 
-// Note [Evaluation batch]: auto from the float32 input's bytes, within [256, 4096]; a given
-// --eval-batch as is; neither beyond rank 0's share of the test split.
+// Note [Evaluation batch]: auto on a GPU from the float32 input's bytes, within [256, 4096], on
+// the CPU 256; a given --eval-batch as is; neither beyond rank 0's share of the test split.
 TEST(RunOptions, EvaluationBatch) {
   hpc_train::DatasetInfo fashion;  // 1x28x28: 3136 bytes of float32
   fashion.channels = 1;
@@ -63,17 +63,20 @@ TEST(RunOptions, EvaluationBatch) {
   hpc_train::DatasetInfo imagenet = cifar;  // 3x224x224: 602112 bytes
   imagenet.height = imagenet.width = 224;
   TrainConfig config;
-  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 1), 4096);  // 5349, capped
-  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 3), 3334);  // rank 0's share
-  EXPECT_EQ(hpc_train::evaluation_batch(config, cifar, 1), 1365);    // 16 MiB / 12288
-  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1), 256);  // 27, raised
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 1, true), 4096);  // 5349, capped
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 3, true), 3334);  // rank 0's share
+  EXPECT_EQ(hpc_train::evaluation_batch(config, cifar, 1, true), 1365);    // 16 MiB / 12288
+  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1, true), 256);  // 27, raised
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 1, /*cuda=*/false), 256);
   hpc_train::DatasetInfo no_test = fashion;
   no_test.test_size = 0;
-  EXPECT_EQ(hpc_train::evaluation_batch(config, no_test, 2), 1);
+  EXPECT_EQ(hpc_train::evaluation_batch(config, no_test, 2, true), 1);
   config.eval_batch = 7;
-  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1), 7);
+  EXPECT_EQ(hpc_train::evaluation_batch(config, imagenet, 1, true), 7);
+  config.eval_batch = 3000;
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 1, /*cuda=*/false), 3000);
   config.eval_batch = 100000;
-  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 4), 2500);
+  EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 4, true), 2500);
 }
 
 }  // namespace

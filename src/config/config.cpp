@@ -111,8 +111,8 @@ const OptionSpec kOptions[] = {
     {"max-steps", "training", &TrainConfig::max_steps, "stop after this many steps; 0 = no limit"},
     {"micro-batch", "training", &TrainConfig::micro_batch, "samples per rank per step"},
     {"eval-batch", "training", &TrainConfig::eval_batch,
-     "samples per rank per evaluation batch; 0 = auto (as many as 16 MiB of float32 input "
-     "holds, 256 to 4096)"},
+     "samples per rank per evaluation batch; 0 = auto (on a GPU as many as 16 MiB of float32 "
+     "input holds, 256 to 4096; 256 on the CPU)"},
     {"optimizer", "training", &TrainConfig::optimizer, "adamw or adam"},
     {"lr", "training", &TrainConfig::lr, "learning rate"},
     {"beta1", "training", &TrainConfig::beta1, "Adam's first-moment decay"},
@@ -846,8 +846,8 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
   };
   require_batch_fits("micro-batch", c.micro_batch, share,
                      "use a smaller --micro-batch or --prefetch");
-  // An --eval-batch given outright; auto takes at most 16 MiB of float32 input (run_options.h
-  // evaluation_batch).
+  // An --eval-batch given outright; auto takes at most 16 MiB of float32 input, or 256 samples
+  // (run_options.h evaluation_batch).
   if (c.eval_batch > 0)
     require_batch_fits("eval-batch", c.eval_batch,
                        std::max<int64_t>(1, samples_for_rank(dataset.test_size, world_size, 0,

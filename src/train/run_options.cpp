@@ -97,9 +97,12 @@ bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info
 }
 
 // Note [Evaluation batch]
-int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size) {
+int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size,
+                         bool cuda) {
   int64_t batch = config.eval_batch;
-  if (batch == 0) {
+  if (batch == 0 && !cuda) {
+    batch = kMinAutoEvalBatch;
+  } else if (batch == 0) {
     const int64_t float_input_bytes = info.channels * info.height * info.width * 4;
     batch = std::clamp(kAutoEvalInputBytes / std::max<int64_t>(1, float_input_bytes),
                        kMinAutoEvalBatch, kMaxAutoEvalBatch);

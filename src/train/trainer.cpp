@@ -104,7 +104,8 @@ struct Trainer::Impl {
                         config.seed, comm.rank(), config.micro_batch);
     channels_last = placement.cuda && config.channels_last;
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
-                      evaluation_batch(config, info, comm.size()), config.prefetch_batches, comm);
+                      evaluation_batch(config, info, comm.size(), placement.cuda),
+                      config.prefetch_batches, comm);
     train_split_resident = keep_train_split_resident(config, info, placement.cuda);
     std::future<void> resident_upload;
     if (train_split_resident) {

@@ -59,16 +59,21 @@ bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& inf
 // its batches there instead of reading the file again (one read at start-up).
 bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
 
-// Note [Evaluation batch]: evaluation keeps no activations for a backward pass, so its batches
-// can be much larger than training's, and each batch costs about twenty launches whatever its
-// size: on an H200, the origin's evaluation (40 batches of 256) and epoch end took 8-19 ms an
-// epoch, while its arithmetic is well under a millisecond. --eval-batch gives the size; auto (0) takes as many samples as kAutoEvalInputBytes
-// of float32 input hold, from 256 (large images) to 4096 (Fashion-MNIST: 3 batches of the test
-// split instead of 40). A batch never exceeds a rank's share of the test split, so small test
-// splits stage no unused buffers. The results do not depend on the size beyond the sums' order.
+// Note [Evaluation batch]: evaluation keeps no activations for a backward pass, so on a GPU its
+// batches can be much larger than training's, and each batch costs about twenty launches
+// whatever its size: on an H200, the origin's evaluation (40 batches of 256) and epoch end took
+// 8-19 ms an epoch, while its arithmetic is well under a millisecond. --eval-batch gives the
+// size; auto (0) takes, on a GPU, as many samples as kAutoEvalInputBytes of float32 input hold,
+// from 256 (large images) to 4096 (Fashion-MNIST: 3 batches of the test split instead of 40).
+// On the CPU, where a batch costs no launches and large ones fall out of the caches (the
+// origin's evaluation took 27 s in batches of 4096 against 20 s in batches of 256 on a 2-core
+// machine), auto stays at 256. A batch never exceeds a rank's share of the test split, so small
+// test splits stage no unused buffers. The results do not depend on the size beyond the sums'
+// order.
 inline constexpr int64_t kAutoEvalInputBytes = int64_t{16} << 20;
-inline constexpr int64_t kMinAutoEvalBatch = 256;
+inline constexpr int64_t kMinAutoEvalBatch = 256;  // and the CPU's
 inline constexpr int64_t kMaxAutoEvalBatch = 4096;
-int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size);
+int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size,
+                         bool cuda);
 
 }  // namespace hpc_train

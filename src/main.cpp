@@ -67,9 +67,8 @@ std::optional<int> answer_without_mpi(const std::optional<CommandLine>& command_
   return kExitOk;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The whole run; MPI is finalized when it returns (Runtime's destructor).
+int run(int argc, char** argv) {
   StartupPhases startup;  // Note [Start-up phases]
   const std::optional<CommandLine> before_mpi = parse_before_mpi(argc, argv);
   if (const std::optional<int> exit_code = answer_without_mpi(before_mpi)) return *exit_code;
@@ -192,4 +191,20 @@ int main(int argc, char** argv) {
     }
     return kExitOk;
   });
+}
+
+}  // namespace
+
+// Note [Quick exit]: when run() returns, the run's files are written and closed, the
+// communicators destroyed, the threads joined and MPI finalized. What exit() would still do is
+// the libraries' static teardown, which mpirun (and so the job) waits for: LibTorch's alone
+// deregisters every operator kernel from its dispatcher, 75 ms of the 0.2-0.3 s between
+// MPI_Finalize and the process's end on a 2-core machine, and on the H200 the process ended
+// 0.3 s after MPI_Finalize. So main flushes stdio and ends the process with _Exit; the kernel
+// releases the memory, the files and the GPU as at any exit. (A leak checker that reports at
+// exit, such as LeakSanitizer, reports nothing for hpc_train.)
+int main(int argc, char** argv) {
+  const int exit_code = run(argc, argv);
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
 }

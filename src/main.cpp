@@ -75,7 +75,7 @@ int run(int argc, char** argv) {
   // Note [Early CUDA start]: the context and cuBLAS/cuDNN start while MPI does.
   EarlyCudaStart early_cuda(before_mpi ? &before_mpi->config : nullptr,
                             before_mpi ? model_dtype(before_mpi->config) : torch::kFloat);
-  Runtime runtime(&argc, &argv);
+  Runtime runtime(&argc, &argv, launcher_one_node());  // Note [Single-node MPI transport]
   startup.end_phase("mpi");
   // Before anything slow: a preemption signal during start-up must not kill the process.
   install_stop_signal_handlers();

@@ -17,6 +17,7 @@
 #include "hpc_train/config/config.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/placement.h"
+#include "hpc_train/runtime/runtime.h"
 #include "mpi_world.h"
 
 using hpc_train::CommBackendKind;
@@ -361,6 +362,56 @@ TEST(LauncherLocalRank, EachLaunchersVariableAndNoLauncher) {
   EXPECT_EQ(hpc_train::launcher_local_rank(), 2) << "MPICH's Hydra";
   setenv("MPI_LOCALRANKID", "x2", 1);
   EXPECT_EQ(hpc_train::launcher_local_rank(), std::nullopt) << "not a number: no guess";
+
+  for (const std::string& name : names) unsetenv(name.c_str());
+  for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);
+}
+
+// Note [Single-node MPI transport]: what the launcher says of the job's nodes, and OMPI_MCA_pml
+// set to ob1 only for one node and only where the environment chose no pml.
+TEST(LauncherOneNode, OpenMpisSizesAloneAndOtherLaunchers) {
+  const std::vector<std::string> names = {
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+      "MPI_LOCALRANKID",      "PALS_LOCAL_RANKID",          "SLURM_LOCALID",
+      "OMPI_COMM_WORLD_RANK", "PMIX_RANK",                  "PMI_RANK",
+      "OMPI_MCA_pml"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const std::string& name : names)
+    if (const char* value = std::getenv(name.c_str())) saved.emplace_back(name, value);
+  for (const std::string& name : names) unsetenv(name.c_str());
+  const auto pml = [] {
+    const char* value = std::getenv("OMPI_MCA_pml");
+    return std::string(value ? value : "(unset)");
+  };
+
+  EXPECT_EQ(hpc_train::launcher_one_node(), true) << "started alone";
+  hpc_train::prefer_single_node_transport(hpc_train::launcher_one_node());
+  EXPECT_EQ(pml(), "ob1");
+  setenv("OMPI_MCA_pml", "ucx", 1);  // mpirun --mca pml ucx, or the user's environment
+  hpc_train::prefer_single_node_transport(true);
+  EXPECT_EQ(pml(), "ucx") << "a chosen pml stays";
+  unsetenv("OMPI_MCA_pml");
+
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
+  EXPECT_EQ(hpc_train::launcher_one_node(), true) << "mpirun -np 3 on one node";
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+  EXPECT_EQ(hpc_train::launcher_one_node(), false) << "two nodes of four";
+  hpc_train::prefer_single_node_transport(hpc_train::launcher_one_node());
+  EXPECT_EQ(pml(), "(unset)") << "across nodes the site's pml stands";
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "four", 1);
+  EXPECT_EQ(hpc_train::launcher_one_node(), std::nullopt) << "not a number: no guess";
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    unsetenv(name);
+  setenv("PMIX_RANK", "1", 1);  // srun's direct launch: it does not say here
+  setenv("SLURM_LOCALID", "1", 1);
+  EXPECT_EQ(hpc_train::launcher_one_node(), std::nullopt);
+  hpc_train::prefer_single_node_transport(hpc_train::launcher_one_node());
+  EXPECT_EQ(pml(), "(unset)");
 
   for (const std::string& name : names) unsetenv(name.c_str());
   for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);

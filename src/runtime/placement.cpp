@@ -100,20 +100,54 @@ std::string Placement::describe() const {
 
 int choose_cuda_device(int local_rank, int visible_gpus) { return local_rank % visible_gpus; }
 
-std::optional<int> launcher_local_rank() {
-  // Slurm's last: a batch script's own environment has SLURM_LOCALID=0 for the mpirun inside it.
-  for (const char* name :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "SLURM_LOCALID"})
-    if (const char* value = std::getenv(name)) {
-      char* end = nullptr;
-      const long rank = std::strtol(value, &end, 10);
-      if (end == value || *end != '\0' || rank < 0) return std::nullopt;
-      return static_cast<int>(rank);
-    }
-  // No launcher at all: a process started alone is its node's only rank.
+namespace {
+
+// The variables that name a local rank, each launcher's; Slurm's last: a batch script's own
+// environment has SLURM_LOCALID=0 for the mpirun inside it.
+constexpr const char* kLocalRankVariables[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                                "PALS_LOCAL_RANKID", "SLURM_LOCALID"};
+
+// A non-negative whole number, or nullopt.
+std::optional<long> whole_number(const char* text) {
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 0) return std::nullopt;
+  return value;
+}
+
+// No launcher at all: a process started alone (the launchers' rank variables absent).
+bool started_alone() {
+  for (const char* name : kLocalRankVariables)
+    if (std::getenv(name)) return false;
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (std::getenv(name)) return std::nullopt;
-  return 0;
+    if (std::getenv(name)) return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<int> launcher_local_rank() {
+  for (const char* name : kLocalRankVariables)
+    if (const char* value = std::getenv(name)) {
+      const std::optional<long> rank = whole_number(value);
+      if (!rank) return std::nullopt;
+      return static_cast<int>(*rank);
+    }
+  // A process started alone is its node's only rank.
+  if (started_alone()) return 0;
+  return std::nullopt;
+}
+
+std::optional<bool> launcher_one_node() {
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (world && local) {
+    const std::optional<long> world_size = whole_number(world), local_size = whole_number(local);
+    if (!world_size || !local_size) return std::nullopt;
+    return *world_size == *local_size;
+  }
+  if (started_alone()) return true;
+  return std::nullopt;
 }
 
 std::vector<Placement> decide_placement(const TrainConfig& config,

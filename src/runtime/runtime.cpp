@@ -29,11 +29,19 @@ std::string mpi_error_string(int mpi_error_code) {
   return std::string(text, length);
 }
 
-Runtime::Runtime(int* argc, char*** argv) {
+void prefer_single_node_transport(std::optional<bool> one_node) {
+  if (one_node == true && !std::getenv("OMPI_MCA_pml")) setenv("OMPI_MCA_pml", "ob1", 0);
+}
+
+Runtime::Runtime(int* argc, char*** argv, std::optional<bool> one_node) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
-  else MPI_CHECK(MPI_Query_thread(&thread_level_));
+  if (!initialized) {
+    prefer_single_node_transport(one_node);  // Note [Single-node MPI transport]
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_));
+  } else {
+    MPI_CHECK(MPI_Query_thread(&thread_level_));
+  }
   // Library code reports MPI failures as exceptions (MPI_CHECK) instead of MPI's default abort.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));

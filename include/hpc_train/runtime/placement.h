@@ -101,6 +101,12 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // launcher; nullopt under a launcher that does not say.
 std::optional<int> launcher_local_rank();
 
+// Whether the launcher says that every rank of the job runs on this node, before MPI exists:
+// true for a process started without a launcher, and under Open MPI's mpirun when its local and
+// world sizes agree (OMPI_COMM_WORLD_LOCAL_SIZE, OMPI_COMM_WORLD_SIZE); false when they differ;
+// nullopt under a launcher that does not say (Note [Single-node MPI transport] in runtime.h).
+std::optional<bool> launcher_one_node();
+
 class EarlyCudaStart {
  public:
   // Starts the thread when this is a GPU build, `config` (the command line parsed before MPI;

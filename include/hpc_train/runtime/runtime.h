@@ -17,15 +17,29 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace hpc_train {
 
+// Note [Single-node MPI transport]: Open MPI's MPI_Init picks its point-to-point layer (pml) by
+// trying the candidates, and UCX's and libfabric's look for network devices: on a 2-core machine
+// MPI_Init took 0.28-0.36 s under mpirun and 0.40 s alone, against 0.08-0.10 s and 0.18-0.21 s
+// with ob1, Open MPI's own layer, which reaches the node's other ranks through shared memory.
+// Across nodes the site's layer matters (UCX on InfiniBand, for the data store's exchange and
+// the MPI backend's collectives); within one node ob1 is as direct. So where the launcher says
+// every rank runs on this node (launcher_one_node in placement.h) and no pml was chosen in the
+// environment (OMPI_MCA_pml, which `mpirun --mca pml X` also sets), OMPI_MCA_pml is set to ob1
+// before MPI_Init. Other MPI libraries ignore the variable.
+// Sets OMPI_MCA_pml=ob1 when `one_node` is true and the environment chose no pml.
+void prefer_single_node_transport(std::optional<bool> one_node);
+
 class Runtime {
  public:
   // MPI_Init_thread asking for MPI_THREAD_MULTIPLE: the data prefetch thread may do MPI-IO
-  // (parallel HDF5) while the main thread communicates.
-  Runtime(int* argc, char*** argv);
+  // (parallel HDF5) while the main thread communicates. `one_node`: whether the launcher says
+  // that every rank runs on this node (Note [Single-node MPI transport]).
+  Runtime(int* argc, char*** argv, std::optional<bool> one_node = std::nullopt);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -165,30 +165,39 @@ DescPtr conv_descriptor(const Conv& conv) {
 DescPtr conv_op(cudnnBackendDescriptorType_t type, const Conv& conv, const Tensor& a,
                 const Tensor& b, const Tensor& out) {
   const DescPtr cd = conv_descriptor(conv);
+  // Each direction's attribute names for (a, b, out, descriptor, alpha, beta).
+  struct Names {
+    cudnnBackendAttributeName_t a, b, out, conv, alpha, beta;
+  };
+  const Names names =
+      type == CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR  // a = x, b = w
+          ? Names{CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA}
+      : type == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR  // a = dy, b = w
+          ? Names{CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA}
+          : Names{CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,  // a = x, b = dy
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
   DescPtr op = make_desc(type);
   const float alpha = 1.f, beta = 0.f;
-  if (type == CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR) {  // a = x, b = w
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *a.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, *b.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *out.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, *cd)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else if (type == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR) {  // dy, w
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, *a.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, *b.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *out.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, *cd)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else {  // backward filter: a = x, b = dy
-    op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *a.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, *b.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, *out.desc)
-        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, *cd)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  }
+  op->set_desc(names.a, *a.desc)
+      .set_desc(names.b, *b.desc)
+      .set_desc(names.out, *out.desc)
+      .set_desc(names.conv, *cd)
+      .set(names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(names.beta, CUDNN_TYPE_FLOAT, 1, &beta);
   op->finalize("convolution operation");
   return op;
 }
@@ -417,6 +426,19 @@ Tensor data_tensor(Tensor t, size_t elements, Buffers& buffers, Pattern& pattern
   return t;
 }
 
+// relu(x * scale + bias) per channel of the convolution's input, as virtual fp32 tensors.
+Tensor scale_bias_relu(const Conv& v, const Tensor& x, Buffers& b, Pattern& p,
+                       cudnnDataType_t type) {
+  Tensor scale = channel_input(v.c, b, p, type), bias = channel_input(v.c, b, p, type);
+  Tensor scaled = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
+  Tensor shifted = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
+  Tensor relu = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
+  p.ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, x, &scale, scaled));
+  p.ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, shifted));
+  p.ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_FWD, shifted, nullptr, relu));
+  return relu;
+}
+
 // Each builder returns the pattern for `conv`; every pool is rewound by the caller.
 Pattern fprop(const Conv& v, Buffers& b, bool prologue, bool statistics,
               cudnnDataType_t prologue_type) {
@@ -425,18 +447,8 @@ Pattern fprop(const Conv& v, Buffers& b, bool prologue, bool statistics,
   Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
   Tensor w = data_tensor(filter(v.k, v.c, v.r, v.r), v.k * v.c * v.r * v.r, b, p);
   Tensor y = data_tensor(activation(v.n, v.k, v.p(), v.q(), CUDNN_DATA_BFLOAT16), out, b, p);
-  Tensor conv_in = x;
-  if (prologue) {  // relu(x * scale + bias): the previous batch norm, applied on the way in
-    Tensor scale = channel_input(v.c, b, p, prologue_type);
-    Tensor bias = channel_input(v.c, b, p, prologue_type);
-    Tensor scaled = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    Tensor shifted = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    Tensor relu = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, x, &scale, scaled));
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, shifted));
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_FWD, shifted, nullptr, relu));
-    conv_in = relu;
-  }
+  // relu(x * scale + bias): the previous batch norm, applied on the way in.
+  const Tensor conv_in = prologue ? scale_bias_relu(v, x, b, p, prologue_type) : x;
   p.ops.push_back(
       conv_op(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, v, conv_in, w, y));
   if (statistics) {  // this batch norm's per-channel sums, on the way out
@@ -490,18 +502,7 @@ Pattern wgrad(const Conv& v, Buffers& b, bool prologue, cudnnDataType_t prologue
   Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
   Tensor dy = data_tensor(activation(v.n, v.k, v.p(), v.q(), CUDNN_DATA_BFLOAT16), out, b, p);
   Tensor dw = data_tensor(filter(v.k, v.c, v.r, v.r), v.k * v.c * v.r * v.r, b, p);
-  Tensor conv_in = x;
-  if (prologue) {
-    Tensor scale = channel_input(v.c, b, p, prologue_type);
-    Tensor bias = channel_input(v.c, b, p, prologue_type);
-    Tensor scaled = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    Tensor shifted = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    Tensor relu = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, x, &scale, scaled));
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, shifted));
-    p.ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_FWD, shifted, nullptr, relu));
-    conv_in = relu;
-  }
+  const Tensor conv_in = prologue ? scale_bias_relu(v, x, b, p, prologue_type) : x;
   p.ops.push_back(
       conv_op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, v, conv_in, dy, dw));
   return p;
@@ -607,14 +608,17 @@ int main(int argc, char** argv) {
         if (row[column].best_us < 0) {
           const std::string fp32_why = row[column].why;
           measure(column, [&] { return build(CUDNN_DATA_BFLOAT16); });
-          if (row[column].best_us < 0) row[column].why = "fp32: " + fp32_why + "; bf16: " + row[column].why;
-          else row[column].why = "bf16 scale and bias (fp32: " + fp32_why + ")";
+          row[column].why = row[column].best_us < 0
+                                ? "fp32: " + fp32_why + "; bf16: " + row[column].why
+                                : "bf16 scale and bias (fp32: " + fp32_why + ")";
         }
       };
       measure(0, [&] { return fprop(conv, buffers, false, false, CUDNN_DATA_FLOAT); });
       measure(1, [&] { return fprop(conv, buffers, false, true, CUDNN_DATA_FLOAT); });
       if (!stem)
-        with_prologue_types(2, [&](cudnnDataType_t t) { return fprop(conv, buffers, true, true, t); });
+        with_prologue_types(2, [&](cudnnDataType_t t) {
+          return fprop(conv, buffers, true, true, t);
+        });
       if (!stem) measure(3, [&] { return dgrad(conv, buffers, false); });
       if (!stem) measure(4, [&] { return dgrad(conv, buffers, true); });
       measure(5, [&] { return wgrad(conv, buffers, false, CUDNN_DATA_FLOAT); });
@@ -624,8 +628,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kColumns; ++i) {
         std::printf(" %14s", cell(row[i]).c_str());
         if (stem && (i == 2 || i == 3 || i == 4 || i == 6)) continue;
-        if (row[i].best_us < 0) complete[i] = false;
-        else if (!stem) totals[i] += conv.count * row[i].best_us;
+        if (!stem && row[i].best_us < 0) complete[i] = false;
+        if (!stem && row[i].best_us >= 0) totals[i] += conv.count * row[i].best_us;
         std::string detail = std::string(conv.name) + " / " + columns[i] + ": ";
         if (row[i].best_us >= 0)
           detail += "engine " + std::to_string(row[i].engine) + ", " +
@@ -638,7 +642,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     std::printf("%-26s %3d", "total without the stem", 19);
-    for (int i = 0; i < kColumns; ++i) std::printf(" %13.1f%s", totals[i], complete[i] ? " " : "*");
+    for (int i = 0; i < kColumns; ++i)
+      std::printf(" %13.1f%s", totals[i], complete[i] ? " " : "*");
     std::printf("\n# * some shapes built no engine for this pattern (not in the total)\n");
     std::printf("# Totals are count x us over the 19 convolutions after the stem, as if each used\n"
                 "# the column's pattern; in the network the prologue patterns fit the second\n"

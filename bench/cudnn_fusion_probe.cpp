@@ -645,9 +645,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kColumns; ++i)
       std::printf(" %13.1f%s", totals[i], complete[i] ? " " : "*");
     std::printf("\n# * some shapes built no engine for this pattern (not in the total)\n");
-    std::printf("# Totals are count x us over the 19 convolutions after the stem, as if each used\n"
-                "# the column's pattern; in the network the prologue patterns fit the second\n"
-                "# convolution of each block (8), whose input is batch norm + ReLU of the first.\n");
+    std::printf("# Totals are count x us over the 19 convolutions after the stem, as if each\n"
+                "# used the column's pattern; in the network the prologue patterns fit the\n"
+                "# second convolution of each block (8), whose input is batch norm + ReLU of\n"
+                "# the first.\n");
     for (const std::string& d : details) std::printf("# %s\n", d.c_str());
     cudnnDestroy(handle);
     return 0;

@@ -16,7 +16,7 @@
 // Build and run (bench/gpu_bench.sh's machine; any cuDNN 9 with its headers):
 // CMake builds it wherever the CUDA runtime and cuDNN 9 are found (CUDNN_ROOT may point at
 // cuDNN's include/ and lib/); not installed.
-//   build/cudnn_fusion_probe [batch]   (default 256)
+//   build/cudnn_fusion_probe [batch [bf16|fp16]]   (default 256 bf16)
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -105,6 +105,10 @@ struct Tensor {
 
 int64_t next_uid = 1;
 
+// The activations' and filters' type: bf16, or fp16 (`cudnn_fusion_probe BATCH fp16`: cuDNN's own
+// samples of these patterns are fp16).
+cudnnDataType_t io_type = CUDNN_DATA_BFLOAT16;
+
 Tensor make_tensor(std::vector<int64_t> dims, std::vector<int64_t> strides, cudnnDataType_t type,
                    bool is_virtual) {
   Tensor t{make_desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR), next_uid++};
@@ -130,7 +134,7 @@ Tensor activation(int64_t n, int64_t c, int64_t h, int64_t w, cudnnDataType_t ty
 
 // [k, c, r, s] stored as KRSC.
 Tensor filter(int64_t k, int64_t c, int64_t r, int64_t s) {
-  return make_tensor({k, c, r, s}, {c * r * s, 1, s * c, c}, CUDNN_DATA_BFLOAT16, false);
+  return make_tensor({k, c, r, s}, {c * r * s, 1, s * c, c}, io_type, false);
 }
 
 Tensor per_channel(int64_t c, cudnnDataType_t type) {
@@ -444,9 +448,9 @@ Pattern fprop(const Conv& v, Buffers& b, bool prologue, bool statistics,
               cudnnDataType_t prologue_type) {
   Pattern p;
   const size_t in = v.n * v.c * v.h * v.w, out = v.n * v.k * v.p() * v.q();
-  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
+  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, io_type), in, b, p);
   Tensor w = data_tensor(filter(v.k, v.c, v.r, v.r), v.k * v.c * v.r * v.r, b, p);
-  Tensor y = data_tensor(activation(v.n, v.k, v.p(), v.q(), CUDNN_DATA_BFLOAT16), out, b, p);
+  Tensor y = data_tensor(activation(v.n, v.k, v.p(), v.q(), io_type), out, b, p);
   // relu(x * scale + bias): the previous batch norm, applied on the way in.
   const Tensor conv_in = prologue ? scale_bias_relu(v, x, b, p, prologue_type) : x;
   p.ops.push_back(
@@ -464,10 +468,10 @@ Pattern fprop(const Conv& v, Buffers& b, bool prologue, bool statistics,
 Pattern dgrad(const Conv& v, Buffers& b, bool fused) {
   Pattern p;
   const size_t in = v.n * v.c * v.h * v.w, out = v.n * v.k * v.p() * v.q();
-  Tensor dy = data_tensor(activation(v.n, v.k, v.p(), v.q(), CUDNN_DATA_BFLOAT16), out, b, p);
+  Tensor dy = data_tensor(activation(v.n, v.k, v.p(), v.q(), io_type), out, b, p);
   Tensor w = data_tensor(filter(v.k, v.c, v.r, v.r), v.k * v.c * v.r * v.r, b, p);
   if (!fused) {
-    Tensor dx = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
+    Tensor dx = data_tensor(activation(v.n, v.c, v.h, v.w, io_type), in, b, p);
     p.ops.push_back(
         conv_op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, v, dy, w, dx));
     return p;
@@ -475,7 +479,7 @@ Pattern dgrad(const Conv& v, Buffers& b, bool fused) {
   Tensor dgrad_out = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
   p.ops.push_back(
       conv_op(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, v, dy, w, dgrad_out));
-  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
+  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, io_type), in, b, p);
   Tensor mean = channel_input(v.c, b, p), invstd = channel_input(v.c, b, p);
   Tensor scale = channel_input(v.c, b, p), bias = channel_input(v.c, b, p);
   Tensor centred = activation(v.n, v.c, v.h, v.w, CUDNN_DATA_FLOAT, true);
@@ -486,7 +490,7 @@ Pattern dgrad(const Conv& v, Buffers& b, bool fused) {
   p.ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, centred, &invstd, normalised));
   p.ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, normalised, &scale, scaled));
   p.ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, scaled, &bias, bn_out));
-  Tensor drelu = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
+  Tensor drelu = data_tensor(activation(v.n, v.c, v.h, v.w, io_type), in, b, p);
   p.ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_BWD, dgrad_out, &bn_out, drelu));
   BnBackwardWeights weights{channel_input(v.c, b, p), channel_input(v.c, b, p),
                             channel_input(v.c, b, p), channel_input(v.c, b, p),
@@ -499,8 +503,8 @@ Pattern dgrad(const Conv& v, Buffers& b, bool fused) {
 Pattern wgrad(const Conv& v, Buffers& b, bool prologue, cudnnDataType_t prologue_type) {
   Pattern p;
   const size_t in = v.n * v.c * v.h * v.w, out = v.n * v.k * v.p() * v.q();
-  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, CUDNN_DATA_BFLOAT16), in, b, p);
-  Tensor dy = data_tensor(activation(v.n, v.k, v.p(), v.q(), CUDNN_DATA_BFLOAT16), out, b, p);
+  Tensor x = data_tensor(activation(v.n, v.c, v.h, v.w, io_type), in, b, p);
+  Tensor dy = data_tensor(activation(v.n, v.k, v.p(), v.q(), io_type), out, b, p);
   Tensor dw = data_tensor(filter(v.k, v.c, v.r, v.r), v.k * v.c * v.r * v.r, b, p);
   const Tensor conv_in = prologue ? scale_bias_relu(v, x, b, p, prologue_type) : x;
   p.ops.push_back(
@@ -520,6 +524,10 @@ std::string cell(const Timing& t) {
 int main(int argc, char** argv) {
   try {
     const int64_t n = argc > 1 ? std::stoll(argv[1]) : 256;
+    const std::string io_name = argc > 2 ? argv[2] : "bf16";
+    if (io_name != "bf16" && io_name != "fp16")
+      fail("the I/O type is bf16 or fp16, not " + io_name);
+    if (io_name == "fp16") io_type = CUDNN_DATA_HALF;
     // resnet18 with the CIFAR stem at 32x32: every convolution, by shape (the stem's input
     // has 3 channels; the 1x1 strided convolutions are the shortcuts' downsampling).
     const std::vector<Conv> convs = {
@@ -538,8 +546,9 @@ int main(int argc, char** argv) {
     int device = 0;
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-    std::printf("# %s (sm_%d%d), cuDNN %zu, batch %lld, bf16 NHWC, fp32 accumulation\n",
-                prop.name, prop.major, prop.minor, cudnnGetVersion(), static_cast<long long>(n));
+    std::printf("# %s (sm_%d%d), cuDNN %zu, batch %lld, %s NHWC, fp32 accumulation\n", prop.name,
+                prop.major, prop.minor, cudnnGetVersion(), static_cast<long long>(n),
+                io_name.c_str());
     cudnnHandle_t handle;
     check_cudnn(cudnnCreate(&handle), "cudnnCreate");
 
@@ -601,16 +610,16 @@ int main(int argc, char** argv) {
         }
         alive.clear();
       };
-      // The prologue's scale and bias: fp32 first (our batch norm's), bf16 where fp32 builds
-      // no engine (cuDNN's own samples give them the I/O type).
+      // The prologue's scale and bias: fp32 first (our batch norm's), the I/O type where fp32
+      // builds no engine (cuDNN's own samples give them the I/O type).
       const auto with_prologue_types = [&](int column, auto build) {
         measure(column, [&] { return build(CUDNN_DATA_FLOAT); });
         if (row[column].best_us < 0) {
           const std::string fp32_why = row[column].why;
-          measure(column, [&] { return build(CUDNN_DATA_BFLOAT16); });
+          measure(column, [&] { return build(io_type); });
           row[column].why = row[column].best_us < 0
-                                ? "fp32: " + fp32_why + "; bf16: " + row[column].why
-                                : "bf16 scale and bias (fp32: " + fp32_why + ")";
+                                ? "fp32: " + fp32_why + "; I/O type: " + row[column].why
+                                : "scale and bias in the I/O type (fp32: " + fp32_why + ")";
         }
       };
       measure(0, [&] { return fprop(conv, buffers, false, false, CUDNN_DATA_FLOAT); });

@@ -14,8 +14,8 @@
 // numbers it does not give (the batch-norm passes that folding removes) are in the profile.
 //
 // Build and run (bench/gpu_bench.sh's machine; any cuDNN 9 with its headers):
-// CMake builds it wherever the CUDA runtime and cuDNN 9 are found (CUDNN_ROOT may point at
-// cuDNN's include/ and lib/); not installed.
+// A GPU build makes it where cuDNN 9's headers are found (CUDNN_ROOT may point at cuDNN's
+// include/ and lib/); not installed.
 //   build/cudnn_fusion_probe [batch [bf16|fp16]]   (default 256 bf16)
 #include <cuda_runtime.h>
 #include <cudnn.h>

@@ -779,11 +779,13 @@ TEST(Config, ValidateForDatasetMicroBatchAgainstTheRanksShare) {
 TEST(Config, ValidateForDatasetInputMemory) {
   TrainConfig config;  // micro-batch 64, --prefetch 4
   const DatasetInfo info = dataset_of(600);  // 1x28x28: 200 samples a rank at 3 ranks
+  // Accepted with exactly `bytes` of memory; the error one byte short.
+  const auto error_one_byte_short = [&](const TrainConfig& checked, int64_t bytes) {
+    EXPECT_NO_THROW(validate_for_dataset(checked, info, "data.h5", 3, bytes, true));
+    return config_error([&] { validate_for_dataset(checked, info, "data.h5", 3, bytes - 1, true); });
+  };
   const int64_t batch_bytes = 64 * 784 * (4 + 1 + 4);  // 451584
-  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, batch_bytes, true));
-  EXPECT_EQ(config_error([&] {
-              validate_for_dataset(config, info, "data.h5", 3, batch_bytes - 1, true);
-            }),
+  EXPECT_EQ(error_one_byte_short(config, batch_bytes),
             "--micro-batch 64: the input of a batch of data.h5's 1x28x28 samples (784 B "
             "each) needs at least 441 KiB of host memory (the loader's queue, the batch being "
             "read and its float32 copy), more than this node's 441 KiB; use a smaller "
@@ -814,10 +816,7 @@ TEST(Config, ValidateForDatasetInputMemory) {
   config.micro_batch = 1;  // 7056 bytes: below every bound here
   config.eval_batch = 1000;
   const int64_t eval_bytes = 34 * 784 * (1 + 1 + 4);  // 159936
-  EXPECT_NO_THROW(validate_for_dataset(config, info, "data.h5", 3, eval_bytes, true));
-  EXPECT_EQ(config_error([&] {
-              validate_for_dataset(config, info, "data.h5", 3, eval_bytes - 1, true);
-            }),
+  EXPECT_EQ(error_one_byte_short(config, eval_bytes),
             "--eval-batch 1000: the input of a batch of data.h5's 1x28x28 samples (784 B each) "
             "needs at least 156.2 KiB of host memory (the loader's queue, the batch being read "
             "and its float32 copy), more than this node's 156.2 KiB; use a smaller --eval-batch "

@@ -850,8 +850,7 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
   // (run_options.h evaluation_batch).
   if (c.eval_batch > 0)
     require_batch_fits("eval-batch", c.eval_batch,
-                       std::max<int64_t>(1, samples_for_rank(dataset.test_size, world_size, 0,
-                                                             EpochTail::kUneven)),
+                       largest_evaluation_share(dataset.test_size, world_size),
                        "use a smaller --eval-batch or --prefetch, or 0 (sized by the sample)");
   if (input_on_host && c.resident_data == Switch::kOn) {
     const double split_bytes = static_cast<double>(n) * (sample_bytes + sizeof(int64_t));

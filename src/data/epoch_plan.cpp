@@ -109,6 +109,10 @@ int64_t samples_for_rank(int64_t dataset_size, int world_size, int rank, EpochTa
   return epoch_length(dataset_size, world_size, tail) / world_size;
 }
 
+int64_t largest_evaluation_share(int64_t dataset_size, int world_size) {
+  return std::max<int64_t>(1, samples_for_rank(dataset_size, world_size, 0, EpochTail::kUneven));
+}
+
 std::vector<std::vector<int64_t>> every_rank_epoch_indices(uint64_t seed, int64_t epoch,
                                                            int64_t dataset_size, int world_size,
                                                            EpochTail tail, bool shuffle,

@@ -30,7 +30,7 @@ std::string mpi_error_string(int mpi_error_code) {
 }
 
 void prefer_single_node_transport(std::optional<bool> one_node) {
-  if (one_node == true && !std::getenv("OMPI_MCA_pml")) setenv("OMPI_MCA_pml", "ob1", 0);
+  if (one_node == true) setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);  // a user's choice stays
 }
 
 Runtime::Runtime(int* argc, char*** argv, std::optional<bool> one_node) {

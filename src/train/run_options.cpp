@@ -107,9 +107,7 @@ int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int
     batch = std::clamp(kAutoEvalInputBytes / std::max<int64_t>(1, float_input_bytes),
                        kMinAutoEvalBatch, kMaxAutoEvalBatch);
   }
-  // Rank 0's share is the largest (EpochTail::kUneven); at least 1 for an empty split.
-  const int64_t share = samples_for_rank(info.test_size, world_size, 0, EpochTail::kUneven);
-  return std::max<int64_t>(1, std::min(batch, share));
+  return std::min(batch, largest_evaluation_share(info.test_size, world_size));
 }
 
 }  // namespace hpc_train

@@ -26,6 +26,10 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t dat
 // Number of samples rank `rank` gets.
 int64_t samples_for_rank(int64_t dataset_size, int world_size, int rank, EpochTail tail);
 
+// The most evaluation samples any rank gets (rank 0's under kUneven), at least 1 for an empty
+// split: the bound on an evaluation batch.
+int64_t largest_evaluation_share(int64_t dataset_size, int world_size);
+
 // The dataset indices rank `rank` visits in this epoch, in order. `first_position` > 0 resumes
 // the epoch (Note [Resume position] in checkpoint.h): the permutation's positions before it were
 // consumed already, possibly at another world size; the rest, from first_position on, is padded

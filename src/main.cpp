@@ -72,7 +72,6 @@ int run(int argc, char** argv) {
   StartupPhases startup;  // Note [Start-up phases]
   const std::optional<CommandLine> before_mpi = parse_before_mpi(argc, argv);
   if (const std::optional<int> exit_code = answer_without_mpi(before_mpi)) return *exit_code;
-  if (before_mpi) select_cudnn_api(before_mpi->config);  // Note [cuDNN's legacy API]
   // Note [Early CUDA start]: the context and cuBLAS/cuDNN start while MPI does.
   EarlyCudaStart early_cuda(before_mpi ? &before_mpi->config : nullptr,
                             before_mpi ? model_dtype(before_mpi->config) : torch::kFloat);

@@ -10,6 +10,4 @@ hpc_train_add_script_test(NAME test_long_schedule SCRIPT test_long_schedule.sh T
 if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_long_schedule_gpu SCRIPT test_long_schedule.sh TIMEOUT 150
                             LABELS gpu)
-  # --cudnn-graph-api reaches LibTorch's convolutions (cuDNN's API log names the calls).
-  hpc_train_add_script_test(NAME test_cudnn_api SCRIPT test_cudnn_api.sh TIMEOUT 120 LABELS gpu)
 endif()

@@ -1,10 +1,6 @@
 // The run's decisions from the configuration (run_options.h): which steps cuDNN autotunes,
-// when steps are captured as a CUDA graph, when the train split stays on the GPU, which of
-// cuDNN's APIs LibTorch uses.
+// when steps are captured as a CUDA graph, when the train split stays on the GPU.
 #include <gtest/gtest.h>
-
-#include <cstdlib>
-#include <string>
 
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
@@ -21,23 +17,6 @@ TEST(RunOptions, CudnnAutotunesTheFullMicroBatchOnly) {
   config.cudnn_benchmark = true;
   EXPECT_TRUE(hpc_train::cudnn_autotunes(config, 256));
   EXPECT_FALSE(hpc_train::cudnn_autotunes(config, 32));  // an epoch's partial last batch
-}
-
-// Note [cuDNN's legacy API]: the option decides LibTorch's switch, whatever the environment had
-// (test_cudnn_api checks on a GPU that LibTorch follows it).
-TEST(RunOptions, SelectCudnnApiSetsLibTorchsSwitch) {
-  const auto v8_disabled = [] {
-    const char* value = std::getenv("TORCH_CUDNN_V8_API_DISABLED");
-    return value ? std::string(value) : std::string("unset");
-  };
-  TrainConfig config;
-  setenv("TORCH_CUDNN_V8_API_DISABLED", "0", 1);
-  hpc_train::select_cudnn_api(config);  // --cudnn-graph-api off (the default)
-  EXPECT_EQ(v8_disabled(), "1");
-  config.cudnn_graph_api = true;
-  hpc_train::select_cudnn_api(config);
-  EXPECT_EQ(v8_disabled(), "0");
-  unsetenv("TORCH_CUDNN_V8_API_DISABLED");
 }
 
 TEST(RunOptions, CaptureStepsNeedsAGpuAndRefusesOnWithoutOne) {

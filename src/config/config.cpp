@@ -166,10 +166,6 @@ const OptionSpec kOptions[] = {
     {"cudnn-benchmark", "runtime", &TrainConfig::cudnn_benchmark,
      "GPU: time cuDNN's convolution algorithms for the micro-batch's shape (once, in the first "
      "steps) and keep the fastest; other shapes use cuDNN's heuristics"},
-    {"cudnn-graph-api", "runtime", &TrainConfig::cudnn_graph_api,
-     "GPU: LibTorch's convolutions through cuDNN's graph API (LibTorch's v8 path), which builds "
-     "every candidate plan of each new shape; off: cuDNN's legacy API, which asks its "
-     "heuristics for one algorithm (sets TORCH_CUDNN_V8_API_DISABLED)"},
     {"fused-batch-norm", "runtime", &TrainConfig::fused_batch_norm,
      "GPU: the built-in ResNets' batch norm, ReLU and residual add as fused kernels in "
      "training (channels-last); off: LibTorch's batch norm"},

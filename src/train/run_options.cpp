@@ -1,7 +1,6 @@
 #include "hpc_train/train/run_options.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "hpc_train/data/device_input.h"
 #include "hpc_train/data/epoch_plan.h"
@@ -73,10 +72,6 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
 
 bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size) {
   return config.cudnn_benchmark && batch_size == config.micro_batch;
-}
-
-void select_cudnn_api(const TrainConfig& config) {
-  setenv("TORCH_CUDNN_V8_API_DISABLED", config.cudnn_graph_api ? "0" : "1", /*overwrite=*/1);
 }
 
 bool capture_steps(const TrainConfig& config, const Placement& placement) {

@@ -83,9 +83,6 @@ struct TrainConfig {
   Switch cuda_graph = Switch::kAuto;
   bool channels_last = true;      // --channels-last: NHWC inputs and conv weights on the GPU
   bool cudnn_benchmark = false;   // --cudnn-benchmark: time cuDNN's convolution algorithms, keep the fastest
-  // --cudnn-graph-api: LibTorch's convolutions through cuDNN's graph API (its "v8" path); off:
-  // cuDNN's legacy API (Note [cuDNN's legacy API] in run_options.h)
-  bool cudnn_graph_api = false;
   // --fused-batch-norm: the zoo's ResNets' batch norms, with their ReLU and residual add, as the
   // fused kernels of ours in training on a GPU (batch_norm_act.h); off: LibTorch's ops
   bool fused_batch_norm = true;

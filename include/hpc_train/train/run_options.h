@@ -44,20 +44,6 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
 // Whether cuDNN autotunes the convolutions of a training micro-batch of `batch_size` samples.
 bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size);
 
-// Note [cuDNN's legacy API]: LibTorch runs a convolution through cuDNN's graph API (its "v8"
-// path) or through cuDNN's legacy API, as the environment variable TORCH_CUDNN_V8_API_DISABLED
-// says when LibTorch's first convolution reads it (once). For a new shape the graph API path
-// asks cuDNN's heuristics for engine configurations and finalizes execution plans for them,
-// each of which loads its kernels; the legacy path asks the heuristics for one algorithm. On an
-// H100 the origin's job spent about 1.0-1.3 s of start-up and 130-150 ms in its first step that
-// way, against 0.81 s and 45 ms with the legacy API (cuDNN 9.14, LibTorch 2.11; the model phase
-// 0.27-0.36 s against 0.15 s). --cudnn-graph-api (off by default) chooses the graph API. With
-// --cudnn-benchmark both paths time cuDNN's candidates and keep the fastest.
-// Sets TORCH_CUDNN_V8_API_DISABLED from --cudnn-graph-api, overriding the environment; main()
-// calls it on the command line parsed before MPI, before anything can run a convolution (a
-// command line that does not parse ends the run before any).
-void select_cudnn_api(const TrainConfig& config);
-
 // Whether the steps are captured as a CUDA graph and replayed (--cuda-graph): auto where the
 // build, the device, the backend (not MPI's host staging) and --grad-accum 1 allow it. Throws
 // ConfigError for --cuda-graph on where they do not.

@@ -782,7 +782,8 @@ TEST(Config, ValidateForDatasetInputMemory) {
   // Accepted with exactly `bytes` of memory; the error one byte short.
   const auto error_one_byte_short = [&](const TrainConfig& checked, int64_t bytes) {
     EXPECT_NO_THROW(validate_for_dataset(checked, info, "data.h5", 3, bytes, true));
-    return config_error([&] { validate_for_dataset(checked, info, "data.h5", 3, bytes - 1, true); });
+    return config_error(
+        [&] { validate_for_dataset(checked, info, "data.h5", 3, bytes - 1, true); });
   };
   const int64_t batch_bytes = 64 * 784 * (4 + 1 + 4);  // 451584
   EXPECT_EQ(error_one_byte_short(config, batch_bytes),

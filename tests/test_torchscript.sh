@@ -122,8 +122,9 @@ read -r _ python_loss _ python_accuracy < <(models evaluate bn.pt bn.safetensors
 hpc_train_loss=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["test_loss"])' \
   bn/summary.json)
 within "$python_loss" "$hpc_train_loss" 1e-5 "PyTorch's test loss (eval mode) vs hpc_train's"
-# The same run evaluating in batches of 4 (4, 4, 2 of each rank's 10 test samples): the same
-# loss and accuracy (Note [Evaluation batch]), where the run above took one batch a rank.
+# The same run evaluating in batches of 4 (each rank's 10 test samples in three batches of 4,
+# the last filled up with two copies of the tenth, left out of the sums: Note [One evaluation
+# shape]): the same loss and accuracy, where the run above took one batch a rank.
 train 3 bn-eval4 "${bn[@]}" --model bn.pt --checkpoint-every 0 --eval-batch 4
 test_result() {
   "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["test_loss"], s["test_accuracy"])' \

@@ -256,14 +256,12 @@ std::string libtorch_message(const std::exception& e) {
   return first_line(e.what());
 }
 
-void check_runs_in(TrainableModel& model, const ModelShape& shape, const torch::Device& device,
-                   torch::Dtype dtype, const std::string& precision, const std::string& name) {
-  if (dtype == torch::kFloat) return;
+void check_runs_in(TrainableModel& model, const torch::Tensor& input, const std::string& precision,
+                   const std::string& name) {
   torch::NoGradGuard no_grad;
   model.eval();
   try {
-    model.forward(torch::zeros({1, shape.channels, shape.height, shape.width},
-                               torch::TensorOptions().dtype(dtype).device(device)));
+    model.forward(input);
   } catch (const c10::Error& e) {
     throw ConfigError("--precision " + precision + ": " + name + " cannot run in " + precision +
                       " here (" + libtorch_message(e) +

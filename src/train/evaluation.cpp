@@ -15,10 +15,20 @@ namespace hpc_train {
 Evaluator::Evaluator(const DatasetFile& dataset, Split split, c10::Device device,
                      c10::ScalarType dtype, bool channels_last, uint64_t seed,
                      int64_t batch_samples, int prefetch_batches, Communicator& comm)
-    : dataset_(dataset), split_(split), device_(device), channels_last_(channels_last),
-      seed_(seed), batch_samples_(batch_samples), prefetch_batches_(prefetch_batches),
-      comm_(comm),
-      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples) {}
+    : dataset_(dataset), split_(split), device_(device), dtype_(dtype),
+      channels_last_(channels_last), seed_(seed),
+      share_(samples_for_rank(dataset.info().size(split), comm.size(), comm.rank(),
+                              EpochTail::kUneven)),
+      batch_samples_(std::max<int64_t>(1, equal_batch_size(share_, batch_samples))),
+      prefetch_batches_(prefetch_batches), comm_(comm),
+      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples_) {}
+
+torch::Tensor Evaluator::sample_input() const {
+  const DatasetInfo& info = dataset_.info();
+  return in_model_layout(torch::zeros({batch_samples_, info.channels, info.height, info.width},
+                                      torch::TensorOptions().dtype(dtype_).device(device_)),
+                         channels_last_);
+}
 
 EvalResult Evaluator::evaluate(TrainableModel& model) {
   broadcast_buffers(model, comm_);
@@ -27,25 +37,32 @@ EvalResult Evaluator::evaluate(TrainableModel& model) {
   std::vector<int64_t> indices =
       rank_epoch_indices(seed_, 0, dataset_.info().size(split_), comm_.size(), comm_.rank(),
                          EpochTail::kUneven, /*shuffle=*/false);
+  // Note [One evaluation shape]: the last batch filled up with copies of the last sample.
+  const auto share = static_cast<int64_t>(indices.size());
+  if (share > 0)
+    indices.resize(batches_per_epoch(share, batch_samples_) * batch_samples_, indices.back());
   int64_t samples = 0;
   // Sums stay on the device until the end: no wait for the GPU per batch.
   const auto on_device = torch::TensorOptions().device(device_);
   torch::Tensor loss_total = torch::zeros({}, on_device.dtype(torch::kDouble));
   torch::Tensor correct_total = torch::zeros({}, on_device.dtype(torch::kLong));
+  // Adds the batch's first samples, those of the share, to the sums.
   auto add_batch = [&](const DeviceBatch& batch) {
+    const int64_t count = std::min(batch_samples_, share - samples);
     const torch::Tensor logits =
         model.forward(in_model_layout(batch.input, channels_last_)).to(torch::kFloat);
+    const torch::Tensor counted = logits.narrow(0, 0, count);
+    const torch::Tensor labels = batch.labels.narrow(0, 0, count);
     loss_total.add_(torch::nn::functional::cross_entropy(
-        logits, batch.labels,
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
-    correct_total.add_(logits.argmax(1).eq(batch.labels).sum());
-    samples += batch.labels.size(0);
+        counted, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
+    correct_total.add_(counted.argmax(1).eq(labels).sum());
+    samples += count;
   };
   if (resident_) {
-    const auto count = static_cast<int64_t>(indices.size());
-    for (int64_t begin = 0, b = 0; begin < count; begin += batch_samples_, ++b) {
-      const int64_t end = std::min(count, begin + batch_samples_);
-      input_.prepare_resident({indices.begin() + begin, indices.begin() + end}, b, 0);
+    const auto padded = static_cast<int64_t>(indices.size());
+    for (int64_t begin = 0, b = 0; begin < padded; begin += batch_samples_, ++b) {
+      input_.prepare_resident(
+          {indices.begin() + begin, indices.begin() + begin + batch_samples_}, b, 0);
       add_batch(input_.take());
     }
   } else {

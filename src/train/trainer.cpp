@@ -126,8 +126,15 @@ struct Trainer::Impl {
       reporter.say("%s\n", describe_weights_loaded(match, config.init_weights).c_str());
     }
     model->to(device, dtype);
-    check_runs_in(*model, {info.channels, info.height, info.width, info.num_classes}, device,
-                  dtype, to_string(config.precision), config.model);
+    // On a GPU at the evaluation's shape (Note [One evaluation shape] in evaluation.h); on the
+    // CPU, where shapes cost nothing ahead, one sample, and nothing to check in fp32.
+    if (placement.cuda)
+      check_runs_in(*model, evaluator->sample_input(), to_string(config.precision), config.model);
+    else if (dtype != torch::kFloat)
+      check_runs_in(*model,
+                    torch::zeros({1, info.channels, info.height, info.width},
+                                 torch::TensorOptions().dtype(dtype)),
+                    to_string(config.precision), config.model);
     phase_ends("model");  // with LibTorch's and cuDNN's first use on the GPU (check_runs_in)
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;

@@ -111,11 +111,12 @@ bool names_torchscript_file(const std::string& model);
 std::unique_ptr<TrainableModel> load_model(const std::string& model, const ModelShape& shape);
 
 // LibTorch lacks some kernels for some dtypes on some devices (1.13 has no fp16 convolution on
-// the CPU): one tiny forward of `model` (on `device`, in `dtype`) finds out before training.
-// Throws ConfigError saying what to do instead of a LibTorch backtrace from the first step;
-// `precision` and `name` are --precision and --model as given. Leaves the model in eval mode.
-void check_runs_in(TrainableModel& model, const ModelShape& shape, const torch::Device& device,
-                   torch::Dtype dtype, const std::string& precision, const std::string& name);
+// the CPU): one forward of `model` on `input` (a batch of its input, on the device and in the
+// dtype it will train in) finds out before training. Throws ConfigError saying what to do
+// instead of a LibTorch backtrace from the first step; `precision` and `name` are --precision
+// and --model as given. Leaves the model in eval mode.
+void check_runs_in(TrainableModel& model, const torch::Tensor& input, const std::string& precision,
+                   const std::string& name);
 
 // LibTorch's message without its C++ backtrace (c10::Error) or TorchScript's source excerpt:
 // its first line.

@@ -1,14 +1,26 @@
 // Evaluation: loss and accuracy of the model on a split, exact over all ranks. Each rank takes
 // its uneven share of the split in order (EpochTail::kUneven: every sample once, no padding),
-// in batches of its own size, larger than training's (Note [Evaluation batch] in
-// run_options.h), sums loss and correct answers on the device, and the sums are all-reduced.
-// The split is read from the file every evaluation, or kept on the device once
-// (keep_split_resident, where the train split is: keep_test_split_resident in run_options.h),
-// which gives the same batches (DeviceInput's resident mode) without the per-epoch reads.
+// in batches larger than training's (Note [Evaluation batch] in run_options.h), all of one
+// shape (Note [One evaluation shape]), sums loss and correct answers on the device, and the
+// sums are all-reduced. The split is read from the file every evaluation, or kept on the device
+// once (keep_split_resident, where the train split is: keep_test_split_resident in
+// run_options.h), which gives the same batches (DeviceInput's resident mode) without the
+// per-epoch reads.
+//
+// Note [One evaluation shape]
+// A GPU meets every new input shape with new work: LibTorch asks cuDNN for a plan per
+// convolution and shape, and CUDA loads the kernels of those plans on their first launch; on
+// an H100 the origin's first evaluation (batches of 4096 and 1808) took about 0.1 s more than
+// the others. So every batch of a rank's evaluation has the same size, equal_batch_size of its
+// share (10000 samples in at most 4096: three batches of 3334), the last one filled up with
+// copies of the share's last sample, whose outputs are left out of the sums; and the trainer's
+// check that the model runs (check_runs_in) runs at that shape on a GPU (sample_input), during
+// the start-up, so that the first evaluation finds its plans and kernels ready.
 #pragma once
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <torch/types.h>
 
 #include <cstdint>
 
@@ -23,8 +35,7 @@ namespace hpc_train {
 class Evaluator {
  public:
   // Input like training's (`device`, `dtype`, `channels_last`), without augmentation, in
-  // batches of `batch_samples` (the last one a rank's remainder). `dataset` and `comm` must
-  // outlive the evaluator.
+  // equal batches of at most `batch_samples`. `dataset` and `comm` must outlive the evaluator.
   Evaluator(const DatasetFile& dataset, Split split, c10::Device device, c10::ScalarType dtype,
             bool channels_last, uint64_t seed, int64_t batch_samples, int prefetch_batches,
             Communicator& comm);
@@ -36,13 +47,19 @@ class Evaluator {
   // Reads the split once and keeps it on the device; every evaluate() then gathers from it.
   void keep_split_resident();
 
+  // Zeros in the shape, dtype, device and layout of every batch this rank's evaluate() gives
+  // the model (Note [One evaluation shape]); one sample where the rank's share is empty.
+  torch::Tensor sample_input() const;
+
  private:
   const DatasetFile& dataset_;
   Split split_;
   c10::Device device_;
+  c10::ScalarType dtype_;
   bool channels_last_;
   uint64_t seed_;
-  int64_t batch_samples_;
+  int64_t share_;        // this rank's samples of the split
+  int64_t batch_samples_;  // every batch's size: equal_batch_size(share_, --eval-batch's)
   int prefetch_batches_;
   Communicator& comm_;
   DeviceInput input_;

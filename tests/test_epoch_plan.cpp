@@ -185,24 +185,6 @@ TEST(EpochPlan, BatchesPerEpoch) {
   EXPECT_THROW(batches_per_epoch(10, 0), Error);
 }
 
-// Note [One evaluation shape]: the fewest batches, all of one size, the last short by fewer
-// samples than there are batches.
-TEST(EpochPlan, EqualBatchSize) {
-  EXPECT_EQ(equal_batch_size(10000, 4096), 3334);  // Fashion-MNIST's test split, one rank
-  EXPECT_EQ(equal_batch_size(8192, 4096), 4096);
-  EXPECT_EQ(equal_batch_size(100, 256), 100);
-  EXPECT_EQ(equal_batch_size(0, 256), 0);
-  for (int64_t count = 1; count <= 300; ++count)
-    for (int64_t max_size : {1, 2, 7, 64, 256}) {
-      const int64_t size = equal_batch_size(count, max_size);
-      const int64_t batches = batches_per_epoch(count, max_size);
-      ASSERT_LE(size, max_size);
-      ASSERT_GE(size * batches, count);
-      ASSERT_LT(size * batches - count, batches) << count << " samples, at most " << max_size;
-    }
-  EXPECT_THROW(equal_batch_size(10, 0), Error);
-}
-
 // Note [Resume position]: resuming at the position the ranks had reached continues exactly the
 // plan's tail at the same world size, and covers the permutation's remaining positions at any other.
 TEST(EpochPlan, ResumeAtTheSameWorldSizeIsTheTailOfThePlan) {

@@ -124,7 +124,7 @@ hpc_train_loss=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1
 within "$python_loss" "$hpc_train_loss" 1e-5 "PyTorch's test loss (eval mode) vs hpc_train's"
 # The same run evaluating in batches of 4 (each rank's 10 test samples in three batches of 4,
 # the last filled up with two copies of the tenth, left out of the sums: Note [One evaluation
-# shape]): the same loss and accuracy, where the run above took one batch a rank.
+# shape] in evaluation.h): the same loss and accuracy, where the run above took one batch a rank.
 train 3 bn-eval4 "${bn[@]}" --model bn.pt --checkpoint-every 0 --eval-batch 4
 test_result() {
   "$python" -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["test_loss"], s["test_accuracy"])' \

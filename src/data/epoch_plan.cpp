@@ -155,9 +155,4 @@ int64_t batches_per_epoch(int64_t count, int64_t batch_size) {
   return (count + batch_size - 1) / batch_size;
 }
 
-int64_t equal_batch_size(int64_t count, int64_t max_batch_size) {
-  const int64_t batches = batches_per_epoch(count, max_batch_size);
-  return batches == 0 ? 0 : (count + batches - 1) / batches;
-}
-
 }  // namespace hpc_train

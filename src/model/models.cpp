@@ -256,12 +256,12 @@ std::string libtorch_message(const std::exception& e) {
   return first_line(e.what());
 }
 
-void check_runs_in(TrainableModel& model, const torch::Tensor& input, const std::string& precision,
-                   const std::string& name) {
+torch::Tensor check_runs_in(TrainableModel& model, const torch::Tensor& input,
+                            const std::string& precision, const std::string& name) {
   torch::NoGradGuard no_grad;
   model.eval();
   try {
-    model.forward(input);
+    return model.forward(input);
   } catch (const c10::Error& e) {
     throw ConfigError("--precision " + precision + ": " + name + " cannot run in " + precision +
                       " here (" + libtorch_message(e) +

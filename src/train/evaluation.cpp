@@ -17,11 +17,27 @@ Evaluator::Evaluator(const DatasetFile& dataset, Split split, c10::Device device
                      int64_t batch_samples, int prefetch_batches, Communicator& comm)
     : dataset_(dataset), split_(split), device_(device), dtype_(dtype),
       channels_last_(channels_last), seed_(seed),
-      share_(samples_for_rank(dataset.info().size(split), comm.size(), comm.rank(),
-                              EpochTail::kUneven)),
-      batch_samples_(std::max<int64_t>(1, equal_batch_size(share_, batch_samples))),
+      batch_samples_(batch_samples),
       prefetch_batches_(prefetch_batches), comm_(comm),
       input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples_) {}
+
+void Evaluator::add_to_sums(const torch::Tensor& logits, const torch::Tensor& labels, int64_t count,
+                            torch::Tensor& loss_total, torch::Tensor& correct_total) {
+  const torch::Tensor counted = logits.narrow(0, 0, count).to(torch::kFloat);
+  const torch::Tensor counted_labels = labels.narrow(0, 0, count);
+  loss_total.add_(torch::nn::functional::cross_entropy(
+      counted, counted_labels,
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
+  correct_total.add_(counted.argmax(1).eq(counted_labels).sum());
+}
+
+void Evaluator::warm_up(const torch::Tensor& logits) const {
+  const auto on_device = torch::TensorOptions().device(device_);
+  torch::Tensor loss_total = torch::zeros({}, on_device.dtype(torch::kDouble));
+  torch::Tensor correct_total = torch::zeros({}, on_device.dtype(torch::kLong));
+  add_to_sums(logits, torch::zeros({logits.size(0)}, on_device.dtype(torch::kLong)),
+              logits.size(0), loss_total, correct_total);
+}
 
 torch::Tensor Evaluator::sample_input() const {
   const DatasetInfo& info = dataset_.info();
@@ -49,13 +65,8 @@ EvalResult Evaluator::evaluate(TrainableModel& model) {
   // Adds the batch's first samples, those of the share, to the sums.
   auto add_batch = [&](const DeviceBatch& batch) {
     const int64_t count = std::min(batch_samples_, share - samples);
-    const torch::Tensor logits =
-        model.forward(in_model_layout(batch.input, channels_last_)).to(torch::kFloat);
-    const torch::Tensor counted = logits.narrow(0, 0, count);
-    const torch::Tensor labels = batch.labels.narrow(0, 0, count);
-    loss_total.add_(torch::nn::functional::cross_entropy(
-        counted, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
-    correct_total.add_(counted.argmax(1).eq(labels).sum());
+    add_to_sums(model.forward(in_model_layout(batch.input, channels_last_)), batch.labels, count,
+                loss_total, correct_total);
     samples += count;
   };
   if (resident_) {

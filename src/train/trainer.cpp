@@ -2,6 +2,8 @@
 
 #include <torch/cuda.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -41,6 +43,56 @@
 namespace hpc_train {
 
 void set_compute_threads(int threads) { at::set_num_threads(std::max(1, threads)); }
+
+namespace {
+
+// The calling thread's current stream on `device`.
+c10::Stream current_stream(const torch::Device& device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+// Note [Training step warm-up]
+// CUDA loads a library's kernels (one fatbinary of cuDNN, cuBLAS, LibTorch or hpc_train) at the
+// first launch of one of them, 1-60 ms each: on an H100, the origin's first step spent about
+// 0.15 s of its 0.2 s in such loads, on autograd's thread, after the model phase had spent most
+// of its 0.25 s in its own. The driver loads on several threads at once (three groups of first
+// uses took 0.23-0.31 s on three threads against 0.44-0.63 s on one). So on a GPU, while the
+// trainer's thread runs the check and the evaluation's first use (Note [One evaluation shape]
+// in evaluation.h), a second thread runs one training step's forward and backward on a twin of
+// the model at the micro-batch's shape and layout; the model phase waits for both. The twin is
+// built before the run's seed is set (the run's weights draw what they drew without it), its
+// step runs on the training stream (training reuses the memory it frees), and the CUDA
+// generator's state is put back after it (dropout in the twin draws nothing from the run). The
+// loaded kernels serve every thread; cuDNN's plans are kept per thread, and the backward's,
+// made on autograd's device thread, are the ones training's backward finds there. Errors are
+// left to the first step, which meets and reports them.
+void warm_up_training_step(TrainableModel& twin, const torch::Device& device, torch::Dtype dtype,
+                           bool channels_last, const ModelShape& shape, int64_t micro_batch,
+                           c10::Stream training_stream) {
+  try {
+    const c10::DeviceGuard on_device(device);
+    const c10::StreamGuard on_training_stream(training_stream);
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    const torch::Tensor generator_state = generator.get_state();
+    twin.to(device, dtype);
+    for (const TrainableModel::NamedTensor& parameter : twin.named_parameters())
+      if (channels_last && parameter.tensor.dim() == 4)  // Note [Channels-last weights]
+        parameter.tensor.set_data(parameter.tensor.contiguous(at::MemoryFormat::ChannelsLast));
+    twin.train();
+    const auto on_device_options = torch::TensorOptions().device(device);
+    const torch::Tensor input = in_model_layout(
+        torch::zeros({micro_batch, shape.channels, shape.height, shape.width},
+                     on_device_options.dtype(dtype)),
+        channels_last);
+    mean_cross_entropy(twin.forward(input),
+                       torch::zeros({micro_batch}, on_device_options.dtype(torch::kLong)))
+        .backward();
+    generator.set_state(generator_state);
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
 
 struct Trainer::Impl {
   TrainConfig config;
@@ -116,8 +168,16 @@ struct Trainer::Impl {
         if (test_split_resident) evaluator->keep_split_resident();
       });
     }
+    const ModelShape shape{info.channels, info.height, info.width, info.num_classes};
+    // Process-wide switches, set before the twin's thread below reads them.
+    set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
+    set_fused_pooling(config.fused_pooling);        // Note [Fused pooling]
+    if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
+    // Note [Training step warm-up]: built before the run's seed, whose draws it leaves alone.
+    std::unique_ptr<TrainableModel> twin;
+    if (placement.cuda) twin = load_model(config.model, shape);
     torch::manual_seed(config.seed);
-    model = load_model(config.model, {info.channels, info.height, info.width, info.num_classes});
+    model = load_model(config.model, shape);
     // --init-weights on every rank, before the broadcast, which then only confirms what every
     // rank read.
     if (!config.init_weights.empty()) {
@@ -126,16 +186,25 @@ struct Trainer::Impl {
       reporter.say("%s\n", describe_weights_loaded(match, config.init_weights).c_str());
     }
     model->to(device, dtype);
-    // On a GPU at the evaluation's shape (Note [One evaluation shape] in evaluation.h); on the
-    // CPU, where shapes cost nothing ahead, one sample, and nothing to check in fp32.
-    if (placement.cuda)
-      check_runs_in(*model, evaluator->sample_input(), to_string(config.precision), config.model);
-    else if (dtype != torch::kFloat)
+    std::future<void> step_warm_up;
+    if (twin)
+      step_warm_up = std::async(std::launch::async, [&, twin = std::move(twin),
+                                                     stream = current_stream(device)] {
+        warm_up_training_step(*twin, device, dtype, channels_last, shape, config.micro_batch,
+                              stream);
+      });
+    if (placement.cuda) {
+      // At the evaluation's shape, with its sums (Note [One evaluation shape] in evaluation.h).
+      evaluator->warm_up(check_runs_in(*model, evaluator->sample_input(),
+                                       to_string(config.precision), config.model));
+    } else if (dtype != torch::kFloat) {  // on the CPU shapes cost nothing ahead: one sample
       check_runs_in(*model,
                     torch::zeros({1, info.channels, info.height, info.width},
                                  torch::TensorOptions().dtype(dtype)),
                     to_string(config.precision), config.model);
-    phase_ends("model");  // with LibTorch's and cuDNN's first use on the GPU (check_runs_in)
+    }
+    if (step_warm_up.valid()) step_warm_up.get();
+    phase_ends("model");  // with the GPU's first uses (check_runs_in, the twin's step)
     std::vector<std::string> names;
     std::vector<at::Tensor> parameters;
     for (const auto& item : model->named_parameters()) {
@@ -160,9 +229,6 @@ struct Trainer::Impl {
     }
     if (resident_upload.valid()) resident_upload.get();  // rethrows the thread's error
     phase_ends("data");  // the store's read, what is left of the resident splits' upload
-    if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
-    set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
-    set_fused_pooling(config.fused_pooling);        // Note [Fused pooling]
     interval_loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();

@@ -49,10 +49,5 @@ std::vector<std::vector<int64_t>> every_rank_epoch_indices(uint64_t seed, int64_
 // Batches of `batch_size` out of `count` samples, the last one partial (DataLoader's default).
 int64_t batches_per_epoch(int64_t count, int64_t batch_size);
 
-// The one size of equal batches that cover `count` samples in the fewest batches of at most
-// `max_batch_size`: ceil(count / batches_per_epoch(count, max_batch_size)); 0 for no samples.
-// The last batch lacks fewer samples than there are batches (Note [One evaluation shape] in
-// evaluation.h).
-int64_t equal_batch_size(int64_t count, int64_t max_batch_size);
 
 }  // namespace hpc_train

@@ -114,9 +114,9 @@ std::unique_ptr<TrainableModel> load_model(const std::string& model, const Model
 // the CPU): one forward of `model` on `input` (a batch of its input, on the device and in the
 // dtype it will train in) finds out before training. Throws ConfigError saying what to do
 // instead of a LibTorch backtrace from the first step; `precision` and `name` are --precision
-// and --model as given. Leaves the model in eval mode.
-void check_runs_in(TrainableModel& model, const torch::Tensor& input, const std::string& precision,
-                   const std::string& name);
+// and --model as given. Leaves the model in eval mode; returns the forward's output.
+torch::Tensor check_runs_in(TrainableModel& model, const torch::Tensor& input,
+                            const std::string& precision, const std::string& name);
 
 // LibTorch's message without its C++ backtrace (c10::Error) or TorchScript's source excerpt:
 // its first line.

@@ -10,12 +10,17 @@
 // Note [One evaluation shape]
 // A GPU meets every new input shape with new work: LibTorch asks cuDNN for a plan per
 // convolution and shape, and CUDA loads the kernels of those plans on their first launch; on
-// an H100 the origin's first evaluation (batches of 4096 and 1808) took about 0.1 s more than
-// the others. So every batch of a rank's evaluation has the same size, equal_batch_size of its
-// share (10000 samples in at most 4096: three batches of 3334), the last one filled up with
-// copies of the share's last sample, whose outputs are left out of the sums; and the trainer's
-// check that the model runs (check_runs_in) runs at that shape on a GPU (sample_input), during
-// the start-up, so that the first evaluation finds its plans and kernels ready.
+// an H100 the origin's first evaluation (batches of 4096 and 1808) took 0.08-0.10 s more than
+// the others. So every batch of a rank's evaluation has the evaluation batch's size, the last
+// one filled up with copies of the share's last sample, whose outputs are left out of the sums
+// (10000 samples in batches of 4096: 1808 and 2288 copies). On a GPU the trainer's check that
+// the model runs (check_runs_in) runs at that shape (sample_input), and the sums on its output
+// (warm_up), during the start-up: the first evaluation then finds its plans ready and its
+// kernels loaded (CUDA loads a library's kernels on their first launch: five libraries,
+// 70-130 ms, for the loss, argmax and sums of the origin's first evaluation). Equal batches
+// (three of 3334) would fill up less, but cost 6.7 ms an epoch against 2.4 ms for 4096, 4096
+// and 1808 on an H100: the evaluation batch, a power of two by default, is the shape kept.
+
 #pragma once
 
 #include <c10/core/Device.h>
@@ -35,7 +40,7 @@ namespace hpc_train {
 class Evaluator {
  public:
   // Input like training's (`device`, `dtype`, `channels_last`), without augmentation, in
-  // equal batches of at most `batch_samples`. `dataset` and `comm` must outlive the evaluator.
+  // batches of `batch_samples`. `dataset` and `comm` must outlive the evaluator.
   Evaluator(const DatasetFile& dataset, Split split, c10::Device device, c10::ScalarType dtype,
             bool channels_last, uint64_t seed, int64_t batch_samples, int prefetch_batches,
             Communicator& comm);
@@ -48,18 +53,26 @@ class Evaluator {
   void keep_split_resident();
 
   // Zeros in the shape, dtype, device and layout of every batch this rank's evaluate() gives
-  // the model (Note [One evaluation shape]); one sample where the rank's share is empty.
+  // the model (Note [One evaluation shape]).
   torch::Tensor sample_input() const;
 
+  // Runs the sums of evaluate() on `logits`, the model's output for sample_input(), and drops
+  // them: on a GPU their kernels load now rather than in the first evaluation (Note [One
+  // evaluation shape]).
+  void warm_up(const torch::Tensor& logits) const;
+
  private:
+  // Adds the loss and the correct answers of the first `count` rows of `logits` to the sums.
+  static void add_to_sums(const torch::Tensor& logits, const torch::Tensor& labels, int64_t count,
+                          torch::Tensor& loss_total, torch::Tensor& correct_total);
+
   const DatasetFile& dataset_;
   Split split_;
   c10::Device device_;
   c10::ScalarType dtype_;
   bool channels_last_;
   uint64_t seed_;
-  int64_t share_;        // this rank's samples of the split
-  int64_t batch_samples_;  // every batch's size: equal_batch_size(share_, --eval-batch's)
+  int64_t batch_samples_;  // every batch's size (Note [Evaluation batch] in run_options.h)
   int prefetch_batches_;
   Communicator& comm_;
   DeviceInput input_;

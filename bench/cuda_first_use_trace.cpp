@@ -50,7 +50,8 @@ void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId i
   } else if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
     const auto* resource = static_cast<const CUpti_ResourceData*>(data);
     if (id == CUPTI_CBID_RESOURCE_MODULE_LOADED) {
-      const auto* module = static_cast<const CUpti_ModuleResourceData*>(resource->resourceDescriptor);
+      const auto* module =
+          static_cast<const CUpti_ModuleResourceData*>(resource->resourceDescriptor);
       emit("resource", "module_loaded", wall_ns(), 0, static_cast<long long>(module->cubinSize));
     } else if (id == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) {
       emit("resource", "context_created", wall_ns(), 0, 0);

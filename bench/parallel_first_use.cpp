@@ -55,7 +55,8 @@ void products() {
   const torch::NoGradGuard no_grad;
   torch::linear(torch::randn({64, 3136}, on_gpu()), torch::randn({512, 3136}, on_gpu()));
   torch::matmul(torch::randn({4096, 512}, on_gpu()), torch::randn({512, 10}, on_gpu()));
-  torch::randn({64, 512}, on_gpu(torch::kFloat)).mm(torch::randn({512, 512}, on_gpu(torch::kFloat)));
+  torch::randn({64, 512}, on_gpu(torch::kFloat))
+      .mm(torch::randn({512, 512}, on_gpu(torch::kFloat)));
   cudaDeviceSynchronize();
 }
 

@@ -10,11 +10,12 @@
 // (devices probed and agreed); dataset (HDF5 opens and checks the file); cuda (what is left to
 // wait of the CUDA start that began before MPI_Init, Note [Early CUDA start]); then the
 // trainer's: communicator (NCCL's; the CUDA context where nothing started it early), model
-// (built, moved, and probed once: LibTorch's and cuDNN's first use), optimizer (flat storage,
-// broadcast, buckets, state), data (the store's read; what is left to wait of the resident
-// splits' upload, which runs beside the model and optimizer phases) and resume. The training's
-// own first steps (cuDNN's autotuning, the eager steps before the CUDA graph and its capture) are
-// the summary's warmup_s and the "Finished" line's warm-up, not here.
+// (built, moved and checked; on a GPU the first uses: the evaluation's at its shape, and one
+// training step of a twin of the model beside it, Note [Training step warm-up]), optimizer
+// (flat storage, broadcast, buckets, state), data (the store's read; what is left to wait of
+// the resident splits' upload, which runs beside the model and optimizer phases) and resume.
+// The training's own first steps (cuDNN's autotuning, the eager steps before the CUDA graph and
+// its capture) are the summary's warmup_s and the "Finished" line's warm-up, not here.
 #pragma once
 
 #include <string>

@@ -16,10 +16,9 @@ Evaluator::Evaluator(const DatasetFile& dataset, Split split, c10::Device device
                      c10::ScalarType dtype, bool channels_last, uint64_t seed,
                      int64_t batch_samples, int prefetch_batches, Communicator& comm)
     : dataset_(dataset), split_(split), device_(device), dtype_(dtype),
-      channels_last_(channels_last), seed_(seed),
-      batch_samples_(batch_samples),
+      channels_last_(channels_last), seed_(seed), batch_samples_(batch_samples),
       prefetch_batches_(prefetch_batches), comm_(comm),
-      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples_) {}
+      input_(dataset.info(), device, dtype, AugmentOptions{}, seed, comm.rank(), batch_samples) {}
 
 void Evaluator::add_to_sums(const torch::Tensor& logits, const torch::Tensor& labels, int64_t count,
                             torch::Tensor& loss_total, torch::Tensor& correct_total) {

@@ -49,5 +49,4 @@ std::vector<std::vector<int64_t>> every_rank_epoch_indices(uint64_t seed, int64_
 // Batches of `batch_size` out of `count` samples, the last one partial (DataLoader's default).
 int64_t batches_per_epoch(int64_t count, int64_t batch_size);
 
-
 }  // namespace hpc_train

@@ -129,10 +129,6 @@ int run(int argc, char** argv) {
                            physical_memory_bytes(), !placement.cuda);
     });
     startup.end_phase("dataset");
-    const std::string early_cuda_warning = early_cuda.finish(placement);
-    if (!early_cuda_warning.empty())
-      std::fprintf(stderr, "warning: rank %d: %s\n", runtime.rank(), early_cuda_warning.c_str());
-    startup.end_phase("cuda");  // what was left of the early start (Note [Early CUDA start])
 
     TrainerOutput output;
     output.run_dir = config.run_dir;
@@ -156,6 +152,10 @@ int run(int argc, char** argv) {
       trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement,
                                           &startup);
     });
+    // Only now (Note [Early CUDA start]): the thread's loads ran beside the trainer's.
+    const std::string early_cuda_warning = early_cuda.finish(placement);
+    if (!early_cuda_warning.empty())
+      std::fprintf(stderr, "warning: rank %d: %s\n", runtime.rank(), early_cuda_warning.c_str());
     if (runtime.rank() == 0) {
       std::printf("%s (rank 0)\n", startup.describe().c_str());
       std::fflush(stdout);

@@ -60,6 +60,9 @@ EarlyCudaStart::EarlyCudaStart(const TrainConfig* config, torch::Dtype dtype) {
   if (!config || config->device == DeviceChoice::kCpu) return;
   const std::optional<int> local_rank = launcher_local_rank();
   if (!local_rank) return;
+  // The trainer's setting, set ahead from the same command line: the thread's convolution reads
+  // it, while the trainer, which sets it again, is being built.
+  at::globalContext().setDeterministicCuDNN(config->deterministic);
   thread_ = std::thread([this, rank = *local_rank, dtype] { device_ = start_cuda(rank, dtype); });
 }
 

@@ -172,7 +172,10 @@ struct Trainer::Impl {
     // Process-wide switches, set before the twin's thread below reads them.
     set_fused_batch_norm(config.fused_batch_norm);  // Note [Fused batch norm]
     set_fused_pooling(config.fused_pooling);        // Note [Fused pooling]
-    if (placement.cuda) at::globalContext().setDeterministicCuDNN(config.deterministic);
+    // Written only where it changes: the early CUDA start's thread may still run a convolution,
+    // which reads it (Note [Early CUDA start] set it from the same command line).
+    if (placement.cuda && at::globalContext().deterministicCuDNN() != config.deterministic)
+      at::globalContext().setDeterministicCuDNN(config.deterministic);
     // Note [Training step warm-up]: built before the run's seed, whose draws it leaves alone.
     std::unique_ptr<TrainableModel> twin;
     if (placement.cuda) twin = load_model(config.model, shape);

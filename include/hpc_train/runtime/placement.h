@@ -89,8 +89,13 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // convolution and matrix product, forward and backward, in the run's dtype (as the command line
 // and INI file give it: a DeepSpeed config's precision, applied later, may differ) and NHWC: the
 // libraries load and their handles are made there, and go back to LibTorch's per-device pools
-// when the thread ends, for the training thread to take. main() waits for the thread before the
-// trainer starts (the "cuda" phase of Note [Start-up phases] is what is left to wait). Nothing
+// when the thread ends. main() waits for the thread only once the trainer is built, so that its
+// loads run beside the trainer's own first uses (Note [Training step warm-up]: the driver loads
+// on several threads at once) and the trainer's first CUDA call waits only for the context. On
+// an H100, waiting for it before the trainer left 0.30-0.41 s to wait there, and start-up took
+// about 0.06 s longer than with the wait after (six runs each, bench/results-h100-2026-12-05-
+// startup.txt). The thread's convolution reads cuDNN's deterministic switch, which the trainer
+// owns: the constructor sets it from the same command line before the thread starts. Nothing
 // starts where the command line does not parse (the agreed phase reports that), asks for the CPU,
 // or where the launcher does not say the rank's place on its node. Where the placement then
 // differs (the CPU after all, or another GPU), the context stays unused on that GPU and the

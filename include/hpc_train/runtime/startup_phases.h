@@ -7,9 +7,9 @@
 // "startup" ({"<phase>_s": seconds, "total_s": ...}). The phases: loading, the time from the
 // process's start (the kernel's record in /proc/self/stat) to main(), the dynamic loader mapping
 // LibTorch, CUDA and MPI (left out where /proc does not say); mpi (MPI_Init); config; placement
-// (devices probed and agreed); dataset (HDF5 opens and checks the file); cuda (what is left to
-// wait of the CUDA start that began before MPI_Init, Note [Early CUDA start]); then the
-// trainer's: communicator (NCCL's; the CUDA context where nothing started it early), model
+// (devices probed and agreed); dataset (HDF5 opens and checks the file); then the trainer's:
+// communicator (NCCL's; the wait for the CUDA context that a thread began making before MPI_Init,
+// Note [Early CUDA start], or its making where nothing started it early), model
 // (built, moved and checked; on a GPU the first uses: the evaluation's at its shape, and one
 // training step of a twin of the model beside it, Note [Training step warm-up]), optimizer
 // (flat storage, broadcast, buckets, state), data (the store's read; what is left to wait of

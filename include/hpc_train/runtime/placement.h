@@ -92,14 +92,15 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // when the thread ends. main() waits for the thread only once the trainer is built, so that its
 // loads run beside the trainer's own first uses (Note [Training step warm-up]: the driver loads
 // on several threads at once) and the trainer's first CUDA call waits only for the context. On
-// an H100, waiting for it before the trainer left 0.30-0.41 s to wait there, and start-up took
-// about 0.06 s longer than with the wait after (six runs each, bench/results-h100-2026-12-05-
-// startup.txt). The thread's convolution reads cuDNN's deterministic switch, which the trainer
-// owns: the constructor sets it from the same command line before the thread starts. Nothing
-// starts where the command line does not parse (the agreed phase reports that), asks for the CPU,
-// or where the launcher does not say the rank's place on its node. Where the placement then
-// differs (the CPU after all, or another GPU), the context stays unused on that GPU and the
-// rank warns; LibTorch's handles on it are freed at exit.
+// H100s, where a wait before the trainer waited 0.27-0.41 s there, the origin's job ended 0.07 s
+// sooner on average in each of two sets of six alternating runs: less than the runs' own spread
+// (bench/results-h100-2026-12-05-startup.txt). The thread's convolution reads cuDNN's
+// deterministic switch, which the trainer owns: the constructor sets it from the same command
+// line before the thread starts. Nothing starts where the command line does not parse (the
+// agreed phase reports that), asks for the CPU, or where the launcher does not say the rank's
+// place on its node. Where the placement then differs (the CPU after all, or another GPU), the
+// context stays unused on that GPU and the rank warns; LibTorch's handles on it are freed at
+// exit.
 
 // This process's place among its node's ranks as its launcher says it (Open MPI's mpirun,
 // MPICH's Hydra, Cray PALS, Slurm's srun), before MPI exists; 0 for a process started without a

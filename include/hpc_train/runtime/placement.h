@@ -92,8 +92,8 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // when the thread ends. main() waits for the thread only once the trainer is built, so that its
 // loads run beside the trainer's own first uses (Note [Training step warm-up]: the driver loads
 // on several threads at once) and the trainer's first CUDA call waits only for the context. On
-// H100s, where a wait before the trainer waited 0.27-0.41 s there, the origin's job ended 0.07 s
-// sooner on average in each of two sets of six alternating runs: less than the runs' own spread
+// H100s (a wait before the trainer had been 0.27-0.41 s), the origin's job ended 0.07 s sooner
+// on average in each of two sets of six alternating runs: less than the runs' own spread
 // (bench/results-h100-2026-12-05-startup.txt). The thread's convolution reads cuDNN's
 // deterministic switch, which the trainer owns: the constructor sets it from the same command
 // line before the thread starts. Nothing starts where the command line does not parse (the

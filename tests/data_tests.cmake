@@ -60,7 +60,8 @@ hpc_train_add_test(NAME test_sample_store SOURCES test_sample_store.cpp RANKS 1 
   LIBS hpc_train_engine hpc_train_test_support LABELS data TIMEOUT 120)
 # Training on shards is training on their file: hpc_train_data shard and inspect; weights and
 # losses of the file, a pattern and an index equal at 1, 2 and 3 ranks, resident data on and off,
-# resume over shards; wrong sets end every rank with exit 3 (tests/test_shards_training.sh).
+# resume over shards; wrong sets end every rank with exit 3; shard's memory bounded by a block
+# (tests/test_shards_training.sh).
 hpc_train_add_script_test(NAME test_shards_training SCRIPT test_shards_training.sh LABELS data
   TIMEOUT 600)
 # --data-store memory trains on what --data-store file trains on: weights, losses and sample

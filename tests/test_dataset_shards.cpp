@@ -313,6 +313,50 @@ TEST_F(DatasetShardsTest, WritingRefusesBadCountsBeforeWritingAnything) {
     EXPECT_EQ(entry.path().string().find(".partial"), std::string::npos) << entry.path();
 }
 
+// write_dataset_slice (what shard writes each shard with): a slice read back is those samples of
+// its source, with the source's statistics bit for bit, whatever the block it copies by: one
+// sample, three, whole chunks (32 of 40 bytes), all at once; from a set of shards too. A range
+// outside its split or an empty train range is refused before anything is written.
+TEST_F(DatasetShardsTest, SlicesAreTheirSamplesWhateverTheBlock) {
+  if (world_rank() != 0) return;
+  const DatasetFile whole = DatasetFile::open(whole_);
+  const DatasetFile set = DatasetFile::open(path("three.shards"));
+  const int64_t sample_bytes = whole.info().sample_bytes();
+  const SampleRange train{5, 30}, test{1, 3};
+  for (const DatasetFile* source : {&whole, &set})
+    for (int64_t block_bytes : {int64_t{1}, 3 * sample_bytes, 40 * sample_bytes, kSliceBlockBytes}) {
+      SCOPED_TRACE(source->path() + ", blocks of " + std::to_string(block_bytes) + " bytes");
+      write_dataset_slice(*source, path("slice.h5"), train, test, block_bytes);
+      const DatasetFile slice = DatasetFile::open(path("slice.h5"));
+      EXPECT_EQ(slice.info().train_size, train.count);
+      EXPECT_EQ(slice.info().test_size, test.count);
+      EXPECT_EQ(slice.info().class_names, whole.info().class_names);
+      EXPECT_EQ(bits(slice.info().mean), bits(whole.info().mean));
+      EXPECT_EQ(bits(slice.info().std), bits(whole.info().std));
+      for (Split split : {Split::kTrain, Split::kTest}) {
+        const SampleRange range = split == Split::kTrain ? train : test;
+        std::vector<int64_t> local(static_cast<size_t>(range.count));
+        std::iota(local.begin(), local.end(), 0);
+        std::vector<int64_t> global(local.size());
+        std::iota(global.begin(), global.end(), range.begin);
+        EXPECT_EQ(read(slice, split, local), read(whole, split, global));
+      }
+    }
+  const std::vector<std::pair<SampleRange, SampleRange>> refused = {
+      {{30, 8}, {0, 1}}, {{-1, 2}, {0, 1}}, {{0, 2}, {4, 2}}, {{0, 0}, {0, 1}}};
+  const std::vector<std::string> messages = {"train samples [30, 38) are outside the 37 of",
+                                             "train samples [-1, 1) are outside",
+                                             "test samples [4, 6) are outside the 5 of",
+                                             "the train split is empty"};
+  for (size_t i = 0; i < refused.size(); ++i)
+    expect_data_error(
+        [&] { write_dataset_slice(whole, path("refused.h5"), refused[i].first, refused[i].second); },
+        {"cannot write " + path("refused.h5"), messages[i]});
+  for (const auto& entry : fs::directory_iterator(dir_))
+    EXPECT_EQ(entry.path().filename().string().rfind("refused", 0), std::string::npos)
+        << entry.path();
+}
+
 // Note [Agreed shard list]: ranks that expand a pattern to different files (here: each rank in a
 // folder of its own, rank 0's with one shard more) or fail to expand it all throw, rather than
 // leave the others in a collective open.

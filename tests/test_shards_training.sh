@@ -12,7 +12,9 @@
 #   4. a run over the shards checkpointed at step 7 and resumed (by the pattern, and on the file)
 #      ends byte for byte where the uninterrupted run over the file ends;
 #   5. a pattern that matches nothing, an index whose counts disagree with a shard, a missing
-#      shard and shards of two layouts end every rank with exit 3 and a message naming them.
+#      shard and shards of two layouts end every rank with exit 3 and a message naming them;
+#   6. shard copies a block at a time: cutting 256 MiB into two shards raises its peak resident
+#      memory less than 64 MiB over inspect's.
 set -euo pipefail
 work="$HPC_TRAIN_TEST_WORK"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -149,4 +151,23 @@ hpc_train_fails "parts/missing.shards line 5: shard parts/slice-00003-of-00003.h
 "$HPC_TRAIN_DATA" shard other.h5 --shards 2 parts/slix > /dev/null
 hpc_train_fails "shard parts/slix-00000-of-00002.h5 has mean" 'parts/sli*-0000[01]-of-*.h5'
 grep -qF "but shard parts/slice-00000-of-00003.h5 has" failed.out || fail "the mismatch names one file"
+
+echo "== 6. shard holds a block in memory, not a shard"
+# 256 MiB of samples (65536 of 1x64x64) cut into 2 shards of 128 MiB: the peak resident memory of
+# shard may exceed inspect's (the same open of the file) by a block (16 MiB), not by a shard.
+"$HPC_TRAIN_WRITE_SYNTHETIC_DATASET" big.h5 65536 1 64 64 > /dev/null
+# peak_mib COMMAND...: the largest resident set of COMMAND, MiB.
+peak_mib() {
+  python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)' "$@"
+}
+mkdir big
+inspect_mib=$(peak_mib "$HPC_TRAIN_DATA" inspect big.h5)
+shard_mib=$(peak_mib "$HPC_TRAIN_DATA" shard big.h5 --shards 2 big/big)
+echo "peak resident memory: inspect ${inspect_mib} MiB, shard ${shard_mib} MiB"
+((shard_mib - inspect_mib < 64)) || fail "shard held ${shard_mib} MiB, inspect ${inspect_mib} MiB"
+"$HPC_TRAIN_DATA" inspect big/big.shards | grep -qE "^  train: +65536 samples" ||
+  fail "the big shards do not hold the 65536 samples"
+rm -rf big big.h5
 echo "PASS"

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <system_error>
 
@@ -410,22 +411,58 @@ void write_root_attributes(hid_t file, const DatasetInfo& info) {
   h5::write_variable_strings_attribute(root.get(), "source", {info.source}, true);
 }
 
-// The whole of `contents` (its info complete) as a dataset file at `path`, flushed and closed.
+// A dataset file at `path` with `info`'s attributes and splits (info complete), each split's
+// rows written by `write_rows`; flushed and closed. The caller holds the HDF5 lock.
+void write_splits(const std::string& path, const DatasetInfo& info,
+                  const std::function<void(const SplitOutput&, Split)>& write_rows) {
+  h5::File file(H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
+  write_root_attributes(file.get(), info);
+  for (Split split : {Split::kTrain, Split::kTest})
+    write_rows(create_split(file.get(), split, info), split);
+  H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
+}
+
+// The whole of `contents` (its info complete) as a dataset file at `path`.
 void write_contents(const std::string& path, const DatasetContents& contents) {
   const DatasetInfo& info = contents.info;
   h5::Lock lock;  // Note [HDF5 lock]
-  h5::File file(H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
-  write_root_attributes(file.get(), info);
-  for (Split split : {Split::kTrain, Split::kTest}) {
-    const SplitOutput output = create_split(file.get(), split, info);
+  write_splits(path, info, [&](const SplitOutput& output, Split split) {
     const bool train = split == Split::kTrain;
     const hsize_t n = static_cast<hsize_t>(info.size(split));
     if (n > 0)
       write_split_rows(output, info, 0, n,
                        (train ? contents.train_images : contents.test_images).data(),
                        (train ? contents.train_labels : contents.test_labels).data(), false);
-  }
-  H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));  // errors surface here, not in the close
+  });
+}
+
+// write_dataset_slice's file at `path` (`info` that of the slice), copied from `source` a block
+// at a time: a whole number of chunks (Note [Chunk shape]) where `block_bytes` holds one.
+void copy_slice(const DatasetFile& source, const std::string& path, const DatasetInfo& info,
+                SampleRange train, SampleRange test, int64_t block_bytes) {
+  const int64_t sample_bytes = info.sample_bytes();
+  int64_t block_samples = std::max<int64_t>(1, block_bytes / sample_bytes);
+  const int64_t chunk = static_cast<int64_t>(kChunkSamples);
+  if (block_samples >= chunk) block_samples -= block_samples % chunk;
+  std::vector<int64_t> indices, labels;
+  std::vector<uint8_t> images;
+  h5::Lock lock;  // Note [HDF5 lock]; let go while `source` reads, which takes it itself
+  write_splits(path, info, [&](const SplitOutput& output, Split split) {
+    const SampleRange range = split == Split::kTrain ? train : test;
+    for (int64_t done = 0; done < range.count; done += block_samples) {
+      const int64_t count = std::min(block_samples, range.count - done);
+      indices.resize(static_cast<size_t>(count));
+      std::iota(indices.begin(), indices.end(), range.begin + done);
+      images.resize(static_cast<size_t>(count * sample_bytes));
+      labels.resize(static_cast<size_t>(count));
+      {
+        h5::Unlocked reading(lock);
+        source.read_samples(split, indices, images.data(), labels.data());
+      }
+      write_split_rows(output, info, static_cast<hsize_t>(done), static_cast<hsize_t>(count),
+                       images.data(), labels.data(), false);
+    }
+  });
 }
 
 // Per-channel sums of the values and of their squares over `images` (whole samples), added to
@@ -487,6 +524,27 @@ void require_nonzero_std(const std::string& path, const DatasetInfo& info) {
       throw DataError("cannot write " + path + ": channel " + std::to_string(c) +
                       " has the same value in every pixel of every train image (std 0), so "
                       "normalising the inputs would divide by zero");
+}
+
+void require_output_directory(const std::string& path) {
+  const fs::path directory = fs::absolute(path).parent_path();
+  std::error_code error;
+  if (!fs::is_directory(directory, error))
+    throw DataError("cannot write " + path + ": no such directory " + directory.string());
+}
+
+// Note [Atomic file write]: a failed or killed conversion never leaves a half-written file under
+// the final name; a killed one may leave <path>.partial-<pid> beside it. `write` makes the file
+// it is given.
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write) {
+  AtomicFile file(path, ".partial-" + std::to_string(getpid()));
+  try {
+    write(file.temporary());
+    file.commit();
+  } catch (const Error& e) {  // `file` removes the temporary file
+    throw DataError("cannot write " + path + ": " + e.what());
+  }
 }
 
 // The checks of info alone: classes, names, the image shape.
@@ -984,41 +1042,37 @@ void DatasetFile::read_samples(Split split, const std::vector<int64_t>& indices,
   }
 }
 
-void write_dataset_file(const std::string& path, DatasetContents contents,
-                        ChannelStatistics statistics) {
-  const fs::path directory = fs::absolute(path).parent_path();
-  std::error_code error;
-  if (!fs::is_directory(directory, error))
-    throw DataError("cannot write " + path + ": no such directory " + directory.string());
+void write_dataset_file(const std::string& path, DatasetContents contents) {
+  require_output_directory(path);
   validate_contents(path, contents);
   DatasetInfo& info = contents.info;
   info.train_size = static_cast<int64_t>(contents.train_labels.size());
   info.test_size = static_cast<int64_t>(contents.test_labels.size());
-  if (statistics == ChannelStatistics::kFromTrainImages) {
-    compute_mean_std(info, contents.train_images);
-  } else {
-    for (const std::vector<float>* values : {&info.mean, &info.std})
-      if (static_cast<int64_t>(values->size()) != info.channels)
-        throw DataError("cannot write " + path + ": " + std::to_string(values->size()) + " " +
-                        (values == &info.mean ? "mean" : "std") + " values for " +
-                        std::to_string(info.channels) + " channels");
-    for (int64_t c = 0; c < info.channels; ++c)
-      if (!std::isfinite(info.mean[c]) || !std::isfinite(info.std[c]) || info.std[c] <= 0.0f)
-        throw DataError("cannot write " + path + ": channel " + std::to_string(c) + " has mean " +
-                        float_text(info.mean[c]) + " and std " + float_text(info.std[c]) +
-                        ", expected finite values and std > 0");
-  }
+  compute_mean_std(info, contents.train_images);
   require_nonzero_std(path, info);
 
-  // Note [Atomic file write]: a failed or killed conversion never leaves a half-written file
-  // under the final name; a killed one may leave <path>.partial-<pid> beside it.
-  AtomicFile file(path, ".partial-" + std::to_string(getpid()));
-  try {
-    write_contents(file.temporary(), contents);
-    file.commit();
-  } catch (const Error& e) {  // `file` removes the temporary file
-    throw DataError("cannot write " + path + ": " + e.what());
+  write_atomically(path,
+                   [&](const std::string& temporary) { write_contents(temporary, contents); });
+}
+
+void write_dataset_slice(const DatasetFile& source, const std::string& path, SampleRange train,
+                         SampleRange test, int64_t block_bytes) {
+  require_output_directory(path);
+  DatasetInfo info = source.info();  // validated at open: layout, mean and std, labels
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    const SampleRange range = split == Split::kTrain ? train : test;
+    if (range.begin < 0 || range.count < 0 || range.count > info.size(split) - range.begin)
+      throw DataError("cannot write " + path + ": " + split_name(split) + " samples [" +
+                      std::to_string(range.begin) + ", " +
+                      std::to_string(range.begin + range.count) + ") are outside the " +
+                      std::to_string(info.size(split)) + " of " + source.path());
   }
+  if (train.count == 0) throw DataError("cannot write " + path + ": the train split is empty");
+  info.train_size = train.count;
+  info.test_size = test.count;
+  write_atomically(path, [&](const std::string& temporary) {
+    copy_slice(source, temporary, info, train, test, block_bytes);
+  });
 }
 
 }  // namespace hpc_train

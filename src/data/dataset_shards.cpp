@@ -282,22 +282,10 @@ std::vector<std::string> write_dataset_shards(const std::string& input, int64_t 
   std::vector<ShardSource> listed;
   for (int64_t s = 0; s < shards; ++s) {
     const std::string path = shard_file_path(out_prefix, s, shards);
-    DatasetContents contents;
-    contents.info = info;
-    const size_t sample_bytes = static_cast<size_t>(info.sample_bytes());
-    for (Split split : {Split::kTrain, Split::kTest}) {
-      const SampleRange range = (split == Split::kTrain ? train : test)[static_cast<size_t>(s)];
-      std::vector<int64_t> indices(static_cast<size_t>(range.count));
-      std::iota(indices.begin(), indices.end(), range.begin);
-      auto& images = split == Split::kTrain ? contents.train_images : contents.test_images;
-      auto& labels = split == Split::kTrain ? contents.train_labels : contents.test_labels;
-      images.resize(indices.size() * sample_bytes);
-      labels.resize(indices.size());
-      dataset.read_samples(split, indices, images.data(), labels.data());
-    }
     temporaries.add(path + temporary_suffix);
     // Note [Shard layout]: the input's mean and std, not the shard's own.
-    write_dataset_file(path + temporary_suffix, std::move(contents), ChannelStatistics::kAsGiven);
+    write_dataset_slice(dataset, path + temporary_suffix, train[static_cast<size_t>(s)],
+                        test[static_cast<size_t>(s)]);
     written.push_back(path);
     ShardSource entry;
     entry.path = file_name(path);  // the index lies beside the shards

@@ -32,7 +32,22 @@ class Lock {
   }
 
  private:
-  std::lock_guard<std::mutex> guard_;
+  friend class Unlocked;
+  std::unique_lock<std::mutex> guard_;
+};
+
+// A scope in which `lock` is let go, for a call that takes the lock itself (a DatasetFile read
+// inside a write). It is taken back when the scope ends, by an exception too, so that the
+// handles made under `lock` still close while it is held.
+class Unlocked {
+ public:
+  explicit Unlocked(Lock& lock) : lock_(lock) { lock_.guard_.unlock(); }
+  ~Unlocked() { lock_.guard_.lock(); }
+  Unlocked(const Unlocked&) = delete;
+  Unlocked& operator=(const Unlocked&) = delete;
+
+ private:
+  Lock& lock_;
 };
 
 // HDF5's own description of the last failure: the messages of the default error stack, from

@@ -102,6 +102,12 @@ class DatasetFile {
   std::unique_ptr<Impl> impl_;
 };
 
+// The consecutive samples [begin, begin + count) of a split.
+struct SampleRange {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+
 // Everything needed to write a dataset file (used by the converters and by tests).
 struct DatasetContents {
   DatasetInfo info;            // train_size/test_size and mean/std are derived on write
@@ -111,16 +117,20 @@ struct DatasetContents {
   std::vector<int64_t> test_labels;
 };
 
-// Where a written file's mean and std come from: its own train images, or contents.info as given
-// (a shard carries its whole set's statistics: Note [Shard layout]).
-enum class ChannelStatistics { kFromTrainImages, kAsGiven };
+// Writes `contents` in the layout above (serial; truncates an existing file), atomically, with
+// the per-channel mean/std of its train images. Throws DataError for inconsistent sizes, labels
+// or statistics.
+void write_dataset_file(const std::string& path, DatasetContents contents);
 
-// Writes `contents` in the layout above (serial; truncates an existing file), atomically.
-// Computes the per-channel mean/std of the train images unless told to keep those given (which
-// must then be one finite value per channel, std > 0). Throws DataError for inconsistent sizes,
-// labels or statistics.
-void write_dataset_file(const std::string& path, DatasetContents contents,
-                        ChannelStatistics statistics = ChannelStatistics::kFromTrainImages);
+// The samples `train` and `test` of `source`'s splits as a dataset file at `path` (serial,
+// atomic, as write_dataset_file), with `source`'s layout, mean and std (Note [Shard layout]).
+// Copied a block of at most `block_bytes` at a time (one sample where that holds none), so that
+// what it holds in memory does not grow with the slice. DataError for a range outside its split
+// or an empty train range, before anything is written, and for a failed read or write, naming
+// `path`.
+inline constexpr int64_t kSliceBlockBytes = 16 << 20;
+void write_dataset_slice(const DatasetFile& source, const std::string& path, SampleRange train,
+                         SampleRange test, int64_t block_bytes = kSliceBlockBytes);
 
 // Whether write_dataset_file_collective works in this build: the HDF5 library is parallel.
 bool collective_dataset_writes_available();

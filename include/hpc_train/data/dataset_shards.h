@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "hpc_train/data/dataset_file.h"
+
 namespace hpc_train {
 
 // The first line of a shard index file, without its version number.
@@ -82,10 +84,6 @@ std::string format_shard_index(const std::vector<ShardSource>& shards);
 
 // [begin, begin + count) of each of `parts` contiguous ranges that cover [0, samples): the first
 // samples % parts ranges have one sample more. parts >= 1.
-struct SampleRange {
-  int64_t begin = 0;
-  int64_t count = 0;
-};
 std::vector<SampleRange> split_evenly(int64_t samples, int64_t parts);
 
 // OUT_PREFIX-00000-of-00003.h5: shard `shard` (from 0) of `shards`; and OUT_PREFIX.shards.
@@ -95,8 +93,10 @@ std::string shard_index_path(const std::string& out_prefix);
 // `hpc_train_data shard`: splits the dataset `input` (a file, pattern or index) into `shards`
 // files OUT_PREFIX-0000i-of-0000K.h5, each split cut into contiguous ranges (split_evenly), each
 // with the layout and the statistics of the input (Note [Shard layout]), and then writes the
-// index OUT_PREFIX.shards. Throws ConfigError when shards < 1 or more than the train samples
-// (every shard has some), before anything is written. Every file is written whole under a
+// index OUT_PREFIX.shards. The samples are copied a block at a time (write_dataset_slice): what
+// it holds in memory does not grow with the shards. Throws ConfigError when shards < 1 or more
+// than the train samples (every shard has some), before anything is written. Every file is
+// written whole under a
 // temporary name first and renamed once all are written, the index last: an error leaves none of
 // them (Note [Atomic file write]). Returns the paths written, the index last.
 std::vector<std::string> write_dataset_shards(const std::string& input, int64_t shards,

@@ -3,7 +3,8 @@
 # (tests/support/image_folder.py: JPEG and PNG files of RGB, grayscale, RGBA, palette, LA, CMYK and
 # 1-bit images of sizes 7x5 to 97x64):
 #   - one process and 3 ranks (mpirun), each rank writing its images (parallel HDF5) or rank 0
-#     gathering them (--rank-zero-writes), and 5 ranks for 4 images, write the same file;
+#     gathering them (--rank-zero-writes), 3 ranks of which only rank 0 starts where the tree is
+#     (it alone lists it), and 5 ranks for 4 images, write the same file;
 #   - labels follow the sorted folder names; every pixel is compared with PIL's own decode and
 #     resize (Image.resize BILINEAR to cover HxW, centre crop): mean abs diff < 1 level per image
 #     and max abs diff <= 8 (the converter does PIL's fixed-point arithmetic, so 0 is expected);
@@ -47,6 +48,14 @@ grep -qF "wrote three.h5: 24 train, 9 test samples, 3x24x32, 3 classes (decoded 
 # Note [Image folder writes]: rank 0 gathering and writing (a serial HDF5's way) gives the same file
 "${ranks3[@]}" "$tool" convert imagefolder split gathered.h5 --size 24x32 --rank-zero-writes >/dev/null
 "$python" "$helper" same one.h5 gathered.h5
+# Note [One listing of the tree]: rank 0 alone lists the tree, and the others open its files from
+# rank 0's folder. Ranks 1 and 2 start in a folder without `split`, where a listing of their own
+# would fail.
+mkdir elsewhere
+timeout 120 "$mpiexec" --oversubscribe -np 1 --wdir "$PWD" "$tool" convert imagefolder split \
+  "$PWD/listed.h5" --size 24x32 : -np 2 --wdir "$PWD/elsewhere" "$tool" convert imagefolder split \
+  "$PWD/listed.h5" --size 24x32 >summary.txt 2>&1 || fail "ranks in another folder: $(cat summary.txt)"
+"$python" "$helper" same one.h5 listed.h5
 # More ranks than some splits' images: ranks with nothing to write still join
 mkdir -p tiny/a tiny/b && cp split/train/cat/img_00.jpg tiny/a/ && cp split/train/dog/*.png tiny/b/
 "$tool" convert imagefolder tiny tiny1.h5 --size 8 --test-fraction 0.3 >/dev/null

@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <stdexcept>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "hpc_train/data/dataset_file.h"
@@ -31,12 +33,16 @@ struct ImageEntry {
   int64_t label = 0;
 };
 
-// What every rank lists alike: the classes and the files of each split, in the file's order.
+// What rank 0 lists and every rank converts: the classes and the files of each split, in the
+// file's order.
 struct ImageFolderPlan {
   std::vector<std::string> class_names;
   std::vector<ImageEntry> train;
   std::vector<ImageEntry> test;
   std::string source;  // the file's `source` attribute
+  // Rank 0's working directory, where the paths above (as the tree was named) start: the ranks
+  // that read them may start elsewhere (Note [One listing of the tree]).
+  std::string listed_in;
 };
 
 bool is_hidden(const fs::path& path) {
@@ -102,6 +108,7 @@ uint64_t next_random(uint64_t& state) {
 ImageFolderPlan plan_image_folder(const std::string& root, const ImageFolderOptions& options) {
   if (!directory_exists(root)) throw DataError(root + ": no such directory (the image tree)");
   ImageFolderPlan plan;
+  plan.listed_in = fs::current_path().string();
   const fs::path train_dir = fs::path(root) / "train", val_dir = fs::path(root) / "val";
   const bool split_layout = directory_exists(train_dir) || directory_exists(val_dir);
   const std::string expected =
@@ -181,6 +188,54 @@ ImageFolderPlan plan_image_folder(const std::string& root, const ImageFolderOpti
   }
   plan.source += std::string(", RGB, scaled to cover ") + size_text +
                  " (bilinear, as PIL) and centre-cropped";
+  return plan;
+}
+
+// Note [One listing of the tree]: rank 0 alone lists the tree and sends the plan to the other
+// ranks. A listing is a metadata walk of a shared file system (one stat or more a file); N ranks
+// walking a million files at once would load its metadata server N times over, and ranks that
+// saw the tree change in between would decode different plans. The plan travels as one string of
+// NUL-terminated fields (no path or folder name holds a NUL byte): the three counts, the source,
+// rank 0's working directory, the class names, then a label and a path for each train image and
+// each test image. Messages name a file as the tree was named; it is opened from rank 0's folder.
+std::string encode_plan(const ImageFolderPlan& plan) {
+  std::string bytes;
+  auto field = [&bytes](const std::string& text) { (bytes += text) += '\0'; };
+  for (size_t count : {plan.class_names.size(), plan.train.size(), plan.test.size()})
+    field(std::to_string(count));
+  field(plan.source);
+  field(plan.listed_in);
+  for (const std::string& name : plan.class_names) field(name);
+  for (const std::vector<ImageEntry>* split : {&plan.train, &plan.test})
+    for (const ImageEntry& entry : *split) {
+      field(std::to_string(entry.label));
+      field(entry.path);
+    }
+  return bytes;
+}
+
+ImageFolderPlan decode_plan(const std::string& bytes) {
+  size_t at = 0;
+  auto field = [&]() {
+    const size_t end = bytes.find('\0', at);
+    if (end == std::string::npos) throw std::logic_error("convert imagefolder: a cut plan");
+    std::string text = bytes.substr(at, end - at);
+    at = end + 1;
+    return text;
+  };
+  auto number = [&]() { return static_cast<int64_t>(std::stoll(field())); };
+  ImageFolderPlan plan;
+  const int64_t classes = number(), train = number(), test = number();
+  plan.source = field();
+  plan.listed_in = field();
+  for (int64_t c = 0; c < classes; ++c) plan.class_names.push_back(field());
+  for (auto [split, count] : {std::pair{&plan.train, train}, std::pair{&plan.test, test}})
+    for (int64_t i = 0; i < count; ++i) {
+      ImageEntry entry;
+      entry.label = number();
+      entry.path = field();
+      split->push_back(std::move(entry));
+    }
   return plan;
 }
 
@@ -301,7 +356,9 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
   // Note [Image folder writes]: with a parallel HDF5 every rank writes its own images into the
   // file (MPI-IO); with a serial one (or --rank-zero-writes) rank 0 gathers them and writes.
   const bool collective = collective_dataset_writes_available() && !options.rank_zero_writes;
-  // Everything that can be refused without decoding: the same answer on every rank.
+  // Everything that can be refused without decoding: the options and the output's folder on
+  // every rank; the tree on rank 0, which lists it (Note [One listing of the tree]).
+  std::string encoded_plan;
   run_agreed_phase(runtime, [&] {
     if (!image_decoding_available())
       throw ConfigError("convert imagefolder: " + image_decoder_libraries());
@@ -312,7 +369,16 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
     if (!directory_exists(directory))
       throw DataError("cannot write " + output_path + ": no such directory " +
                       directory.string());
-    plan = plan_image_folder(root, options);
+    if (runtime.rank() != 0) return;
+    encoded_plan = encode_plan(plan_image_folder(root, options));
+    if (encoded_plan.size() > static_cast<size_t>(INT32_MAX))
+      throw DataError(root + ": the list of its files takes " +
+                      memory_text(static_cast<double>(encoded_plan.size())) +
+                      ", over the 2 GiB one conversion sends to its ranks");
+  });
+  plan = decode_plan(broadcast_string(runtime.world(), encoded_plan, 0));
+  encoded_plan = {};
+  run_agreed_phase(runtime, [&] {
     total = static_cast<int64_t>(plan.train.size() + plan.test.size());
     if (total > INT32_MAX)
       throw DataError(root + ": " + std::to_string(total) + " images, over the 2^31 one "
@@ -346,7 +412,7 @@ ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::strin
       const ImageEntry& entry = i < train_size ? plan.train[static_cast<size_t>(i)]
                                                : plan.test[static_cast<size_t>(i - train_size)];
       try {
-        std::ifstream file(entry.path, std::ios::binary);
+        std::ifstream file(fs::path(plan.listed_in) / entry.path, std::ios::binary);
         if (!file) throw DataError(entry.path + ": cannot open");
         bytes.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
         if (!file.good() && !file.eof()) throw DataError(entry.path + ": cannot read");

@@ -48,8 +48,9 @@ struct ImageFolderSummary {
 // Scales `image` and cuts out its centre as described above, into `chw` (3 x height x width).
 void resize_and_crop(const DecodedImage& image, int64_t height, int64_t width, uint8_t* chw);
 
-// Collective over the runtime's world: every rank lists the tree (the same plan) and decodes its
-// contiguous 1/N of the images. Note [Image folder writes]: with a parallel HDF5 every rank then
+// Collective over the runtime's world: rank 0 lists the tree and sends the plan to the others,
+// which open the files from rank 0's working directory (Note [One listing of the tree]); every
+// rank decodes its contiguous 1/N of the images. Note [Image folder writes]: with a parallel HDF5 every rank then
 // writes its own images into the file (write_dataset_file_collective); with a serial HDF5, or
 // rank_zero_writes, rank 0 gathers them and writes (write_dataset_file: the whole dataset in rank
 // 0's memory). Either way the file is the same, and one that would not fit in memory is refused

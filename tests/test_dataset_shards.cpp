@@ -324,7 +324,8 @@ TEST_F(DatasetShardsTest, SlicesAreTheirSamplesWhateverTheBlock) {
   const int64_t sample_bytes = whole.info().sample_bytes();
   const SampleRange train{5, 30}, test{1, 3};
   for (const DatasetFile* source : {&whole, &set})
-    for (int64_t block_bytes : {int64_t{1}, 3 * sample_bytes, 40 * sample_bytes, kSliceBlockBytes}) {
+    for (int64_t block_bytes :
+         {int64_t{1}, 3 * sample_bytes, 40 * sample_bytes, kSliceBlockBytes}) {
       SCOPED_TRACE(source->path() + ", blocks of " + std::to_string(block_bytes) + " bytes");
       write_dataset_slice(*source, path("slice.h5"), train, test, block_bytes);
       const DatasetFile slice = DatasetFile::open(path("slice.h5"));
@@ -350,7 +351,9 @@ TEST_F(DatasetShardsTest, SlicesAreTheirSamplesWhateverTheBlock) {
                                              "the train split is empty"};
   for (size_t i = 0; i < refused.size(); ++i)
     expect_data_error(
-        [&] { write_dataset_slice(whole, path("refused.h5"), refused[i].first, refused[i].second); },
+        [&] {
+          write_dataset_slice(whole, path("refused.h5"), refused[i].first, refused[i].second);
+        },
         {"cannot write " + path("refused.h5"), messages[i]});
   for (const auto& entry : fs::directory_iterator(dir_))
     EXPECT_EQ(entry.path().filename().string().rfind("refused", 0), std::string::npos)

@@ -255,8 +255,6 @@ std::vector<std::string> AttributeReader::strings(const char* name) const {
     throw DataError(subject(name) + " must be strings, not " + describe_type(a.type.get()));
   const size_t count = static_cast<size_t>(a.points);
   std::vector<std::string> values;
-  Type memory_type(H5_CHECK(H5Tcopy(H5T_C_S1)));
-  H5_CHECK(H5Tset_cset(memory_type.get(), H5Tget_cset(a.type.get())));
   if (H5_CHECK(H5Tis_variable_str(a.type.get())) > 0) {  // Note [Variable-length strings read here]
     GlobalHeap heap(object_, subject(name));
     const Type descriptor = descriptor_type(heap.address_bytes());
@@ -266,6 +264,8 @@ std::vector<std::string> AttributeReader::strings(const char* name) const {
     for (size_t i = 0; i < count; ++i)
       values.push_back(heap.string(descriptors.data() + i * descriptor_bytes, i));
   } else {
+    Type memory_type(H5_CHECK(H5Tcopy(H5T_C_S1)));
+    H5_CHECK(H5Tset_cset(memory_type.get(), H5Tget_cset(a.type.get())));
     const size_t width = H5Tget_size(a.type.get());
     H5_CHECK(H5Tset_size(memory_type.get(), width));
     H5_CHECK(H5Tset_strpad(memory_type.get(), H5T_STR_NULLPAD));

@@ -96,9 +96,9 @@ std::string shard_index_path(const std::string& out_prefix);
 // index OUT_PREFIX.shards. The samples are copied a block at a time (write_dataset_slice): what
 // it holds in memory does not grow with the shards. Throws ConfigError when shards < 1 or more
 // than the train samples (every shard has some), before anything is written. Every file is
-// written whole under a
-// temporary name first and renamed once all are written, the index last: an error leaves none of
-// them (Note [Atomic file write]). Returns the paths written, the index last.
+// written whole under a temporary name first and renamed once all are written, the index last:
+// an error leaves none of them (Note [Atomic file write]). Returns the paths written, the index
+// last.
 std::vector<std::string> write_dataset_shards(const std::string& input, int64_t shards,
                                               const std::string& out_prefix);
 

@@ -9,6 +9,7 @@
 
 #include "data/source_formats.h"
 #include "hpc_train/error.h"
+#include "hpc_train/io/byte_order.h"
 #include "hpc_train/io/zip_archive.h"
 #include "hpc_train/runtime/runtime.h"
 
@@ -18,10 +19,6 @@ namespace {
 constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr size_t kNpyMagicBytes = 6;
 
-uint16_t u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
-uint32_t u32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
 
 // The tiny grammar of a .npy header: a Python dict literal of strings, booleans and tuples of
 // integers, e.g. {'descr': '<i8', 'fortran_order': False, 'shape': (3, 28, 28), }
@@ -151,11 +148,11 @@ NpyArray parse_npy(const std::string& where_name, std::vector<uint8_t> bytes) {
   if (major == 1) {
     header_start = 10;
     if (bytes.size() < header_start) throw DataError(where + "truncated .npy header");
-    header_bytes = u16(bytes.data() + 8);
+    header_bytes = load_little_endian<uint16_t>(bytes.data() + 8);
   } else if (major == 2 || major == 3) {
     header_start = 12;
     if (bytes.size() < header_start) throw DataError(where + "truncated .npy header");
-    header_bytes = u32(bytes.data() + 8);
+    header_bytes = load_little_endian<uint32_t>(bytes.data() + 8);
   } else {
     throw DataError(where + ".npy format version " + std::to_string(major) +
                     ", this reader knows 1, 2 and 3");
@@ -283,18 +280,16 @@ std::vector<int64_t> labels_of(const NpyArray& y, int64_t expected_count, const 
   std::vector<int64_t> labels(static_cast<size_t>(y.shape[0]));
   for (size_t i = 0; i < labels.size(); ++i) {
     const uint8_t* p = y.data() + i * static_cast<size_t>(y.item_bytes);
-    uint64_t bits = 0;
-    for (int64_t b = y.item_bytes - 1; b >= 0; --b) bits = bits << 8 | p[b];
-    const int width = static_cast<int>(8 * y.item_bytes);
+    const auto item_bytes = static_cast<size_t>(y.item_bytes);
     int64_t value = 0;
     if (y.kind == 'u') {
+      const uint64_t bits = load_little_endian(p, item_bytes);
       if (bits > static_cast<uint64_t>(INT64_MAX))
         throw DataError(y.where + ": label[" + std::to_string(i) + "] = " + std::to_string(bits) +
                         " is over 2^63");
       value = static_cast<int64_t>(bits);
     } else {
-      if (width < 64 && (bits >> (width - 1)) & 1) bits |= ~uint64_t{0} << width;
-      value = static_cast<int64_t>(bits);
+      value = load_little_endian_signed(p, item_bytes);
     }
     if (value < 0)
       throw DataError(y.where + ": label[" + std::to_string(i) + "] = " + std::to_string(value) +

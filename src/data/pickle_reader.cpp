@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "hpc_train/error.h"
+#include "hpc_train/io/byte_order.h"
 
 namespace hpc_train {
 namespace {
@@ -79,11 +80,7 @@ class Parser {
         case kLong1: {
           const uint64_t count = le(1);
           if (count > 8) fail("an integer of " + std::to_string(count) + " bytes, over 64 bits");
-          uint64_t bits = count ? le(static_cast<int>(count)) : 0;
-          // Two's complement of `count` bytes: sign-extend from its top bit.
-          if (count > 0 && count < 8 && (bits >> (8 * count - 1)) & 1)
-            bits |= ~uint64_t{0} << (8 * count);
-          push_int(static_cast<int64_t>(bits));
+          push_int(load_little_endian_signed(take(count), static_cast<size_t>(count)));
           break;
         }
         case kBinString: {
@@ -205,10 +202,7 @@ class Parser {
   }
   uint8_t u8() { return *take(1); }
   uint64_t le(int count) {
-    const uint8_t* p = take(static_cast<uint64_t>(count));
-    uint64_t value = 0;
-    for (int i = count - 1; i >= 0; --i) value = value << 8 | p[i];
-    return value;
+    return load_little_endian(take(static_cast<uint64_t>(count)), static_cast<size_t>(count));
   }
   std::string line() {
     const void* end = std::memchr(data_ + at_, '\n', size_ - at_);

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "hpc_train/error.h"
+#include "hpc_train/io/byte_order.h"
 #include "hpc_train/io/file_descriptor.h"
 
 namespace hpc_train::h5 {
@@ -86,12 +87,6 @@ Type descriptor_type(size_t address_bytes) {
   return type;
 }
 
-uint64_t little_endian(const uint8_t* bytes, size_t count) {
-  uint64_t value = 0;
-  for (size_t i = count; i-- > 0;) value = (value << 8) | bytes[i];
-  return value;
-}
-
 // The objects of a file's global heap collections, read with pread and checked against the
 // file's size on disk (HDF5's file format: a collection is "GCOL", version 1, 3 reserved bytes,
 // its size; then objects of an index (2 bytes), a reference count (2), 4 reserved bytes, a size
@@ -124,9 +119,9 @@ class GlobalHeap {
 
   // The string that `descriptor` (descriptor_type's bytes) names.
   std::string string(const uint8_t* descriptor, size_t number) {
-    const uint64_t length = little_endian(descriptor, 4);
-    const uint64_t address = little_endian(descriptor + 4, address_bytes_);
-    const uint64_t index = little_endian(descriptor + 4 + address_bytes_, 4);
+    const uint64_t length = load_little_endian(descriptor, 4);
+    const uint64_t address = load_little_endian(descriptor + 4, address_bytes_);
+    const uint64_t index = load_little_endian(descriptor + 4 + address_bytes_, 4);
     if (length == 0) return "";  // HDF5 stores "" (and a null string) without a heap object
     const std::string which = what_ + ": string " + std::to_string(number) + " (" +
                               std::to_string(length) + " bytes, heap object " +
@@ -164,7 +159,7 @@ class GlobalHeap {
     const uint64_t offset = base_ + address;
     uint8_t header[8 + sizeof(uint64_t)];
     read_at(offset, header, static_cast<size_t>(header_bytes), which);
-    const uint64_t size = little_endian(header + 8, length_bytes_);
+    const uint64_t size = load_little_endian(header + 8, length_bytes_);
     if (std::memcmp(header, "GCOL", 4) != 0 || header[4] != 1 || size < header_bytes ||
         size > kMaxHeapCollectionBytes || size > file_bytes_ - offset)
       throw DataError(which + ": no global heap collection there (a corrupt file)");
@@ -174,8 +169,8 @@ class GlobalHeap {
     const auto* bytes = reinterpret_cast<const uint8_t*>(collection.bytes.data());
     const uint64_t object_header_bytes = 8 + length_bytes_;
     for (uint64_t at = header_bytes; object_header_bytes <= size - at;) {
-      const uint64_t index = little_endian(bytes + at, 2);
-      const uint64_t object_bytes = little_endian(bytes + at + 8, length_bytes_);
+      const uint64_t index = load_little_endian(bytes + at, 2);
+      const uint64_t object_bytes = load_little_endian(bytes + at + 8, length_bytes_);
       if (index == 0) break;  // the free space
       const uint64_t data = at + object_header_bytes;
       if (object_bytes > size - data)

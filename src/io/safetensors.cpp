@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "hpc_train/io/byte_order.h"
 #include "hpc_train/io/atomic_file.h"
 #include "hpc_train/io/file_descriptor.h"
 #include "hpc_train/error.h"
@@ -290,13 +291,12 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
       (kHeaderAlignmentBytes - header_text.size() % kHeaderAlignmentBytes) % kHeaderAlignmentBytes,
       ' ');
   const auto header_bytes = static_cast<uint64_t>(header_text.size());
-  unsigned char length_field[kLengthFieldBytes];
-  for (size_t i = 0; i < kLengthFieldBytes; ++i)
-    length_field[i] = static_cast<unsigned char>(header_bytes >> (8 * i));
+  std::string length_field;
+  append_little_endian(length_field, header_bytes);
 
   // Note [Atomic file write].
   AtomicFile file(path);
-  file.append(length_field, sizeof(length_field));
+  file.append(length_field.data(), length_field.size());
   file.append(header_text.data(), header_text.size());
   for (const size_t index : order) file.append(tensors[index].data, tensors[index].bytes);
   file.commit();
@@ -310,11 +310,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
     throw DataError(path + ": " + std::to_string(result.file_bytes) +
                     " bytes, too short for a safetensors file (truncated?)");
   }
-  unsigned char length_field[kLengthFieldBytes];
+  uint8_t length_field[kLengthFieldBytes];
   read_at(file.get(), 0, length_field, sizeof(length_field), path);
-  uint64_t header_bytes = 0;
-  for (size_t i = 0; i < kLengthFieldBytes; ++i)
-    header_bytes |= uint64_t{length_field[i]} << (8 * i);
+  const uint64_t header_bytes = load_little_endian<uint64_t>(length_field);
   if (header_bytes > kMaxHeaderBytes) {
     throw DataError(path + ": header length " + std::to_string(header_bytes) +
                     " is over the format's limit of " + std::to_string(kMaxHeaderBytes) +

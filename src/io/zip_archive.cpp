@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "hpc_train/error.h"
+#include "hpc_train/io/byte_order.h"
 #include "hpc_train/runtime/runtime.h"
 
 namespace hpc_train {
@@ -39,11 +40,10 @@ constexpr uint64_t kZlibPieceBytes = uint64_t{1} << 30;
 
 std::string system_error() { return std::strerror(errno); }
 
-uint16_t u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
-uint32_t u32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-uint64_t u64(const uint8_t* p) { return uint64_t{u32(p)} | uint64_t{u32(p + 4)} << 32; }
+// ZIP's fields are little-endian.
+constexpr auto u16 = load_little_endian<uint16_t>;
+constexpr auto u32 = load_little_endian<uint32_t>;
+constexpr auto u64 = load_little_endian<uint64_t>;
 
 // A file opened for reading, closed when it goes.
 class InputFile {

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "hpc_train/error.h"
+#include "hpc_train/io/byte_order.h"
 
 namespace hpc_train {
 namespace {
@@ -52,13 +53,6 @@ void put_varint(std::string& out, uint64_t value) {
   out.push_back(static_cast<char>(value));
 }
 
-// Little-endian, whatever the host (TFRecord and protobuf's fixed fields are).
-template <class UInt>
-void put_fixed(std::string& out, UInt value) {
-  for (size_t i = 0; i < sizeof(UInt); ++i)
-    out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
 void put_key(std::string& out, uint32_t field, uint32_t wire_type) {
   put_varint(out, (uint64_t{field} << 3) | wire_type);
 }
@@ -73,14 +67,14 @@ void put_double(std::string& out, uint32_t field, double value) {
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof bits);
   put_key(out, field, kFixed64);
-  put_fixed(out, bits);
+  append_little_endian(out, bits);
 }
 
 void put_float(std::string& out, uint32_t field, float value) {
   uint32_t bits = 0;
   std::memcpy(&bits, &value, sizeof bits);
   put_key(out, field, kFixed32);
-  put_fixed(out, bits);
+  append_little_endian(out, bits);
 }
 
 // Event's wall_time and step; the caller adds file_version or summary.
@@ -123,10 +117,10 @@ uint32_t masked_crc32c(std::string_view data) {
 std::string tfrecord(std::string_view data) {
   std::string record;
   record.reserve(data.size() + 16);
-  put_fixed(record, static_cast<uint64_t>(data.size()));
-  put_fixed(record, masked_crc32c(std::string_view(record.data(), sizeof(uint64_t))));
+  append_little_endian(record, static_cast<uint64_t>(data.size()));
+  append_little_endian(record, masked_crc32c(std::string_view(record.data(), sizeof(uint64_t))));
   record.append(data.data(), data.size());
-  put_fixed(record, masked_crc32c(data));
+  append_little_endian(record, masked_crc32c(data));
   return record;
 }
 

@@ -2,6 +2,9 @@
 // when steps are captured as a CUDA graph, when the train split stays on the GPU.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/train/run_options.h"
@@ -30,24 +33,69 @@ TEST(RunOptions, CaptureStepsNeedsAGpuAndRefusesOnWithoutOne) {
   EXPECT_FALSE(hpc_train::capture_steps(config, cpu));
 }
 
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// Note [Resident splits and GPU memory]
 TEST(RunOptions, ResidentTrainSplit) {
+  using hpc_train::keep_train_split_resident;
   hpc_train::DatasetInfo small;
   small.channels = 3;
   small.height = small.width = 32;
   small.train_size = 50000;  // CIFAR-10: 154 MB
   hpc_train::DatasetInfo large = small;
   large.train_size = hpc_train::kAutoResidentBytes / (3 * 32 * 32);  // just over, with labels
+  const std::optional<hpc_train::GpuMemory> cpu;
+  const hpc_train::GpuMemory h100{70 * kGiB, 80 * kGiB};
   TrainConfig config;
   config.resident_data = hpc_train::Switch::kAuto;
-  EXPECT_TRUE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/true));
-  EXPECT_FALSE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/false));
-  EXPECT_FALSE(hpc_train::keep_train_split_resident(config, large, /*cuda=*/true));
+  EXPECT_TRUE(keep_train_split_resident(config, small, h100));
+  EXPECT_FALSE(keep_train_split_resident(config, small, cpu));
+  EXPECT_FALSE(keep_train_split_resident(config, large, h100));
+  // A quarter of a small card's memory bounds auto, and half of what is free: 154 MB of CIFAR-10
+  // stays off a 512 MiB card, and off a large one with 256 MiB free.
+  EXPECT_TRUE(keep_train_split_resident(config, small, hpc_train::GpuMemory{kGiB, 2 * kGiB}));
+  EXPECT_FALSE(keep_train_split_resident(config, small, hpc_train::GpuMemory{kGiB / 2, kGiB / 2}));
+  EXPECT_FALSE(keep_train_split_resident(config, small, hpc_train::GpuMemory{kGiB / 4, 80 * kGiB}));
   config.data_store = hpc_train::DataStore::kMemory;  // Note [Store and resident data]
-  EXPECT_FALSE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/true));
+  EXPECT_FALSE(keep_train_split_resident(config, small, h100));
   config.resident_data = hpc_train::Switch::kOn;
-  EXPECT_TRUE(hpc_train::keep_train_split_resident(config, large, /*cuda=*/false));
+  EXPECT_TRUE(keep_train_split_resident(config, large, cpu));  // the host's memory: config.cpp
+  EXPECT_TRUE(keep_train_split_resident(config, large, h100));
   config.resident_data = hpc_train::Switch::kOff;
-  EXPECT_FALSE(hpc_train::keep_train_split_resident(config, small, /*cuda=*/true));
+  EXPECT_FALSE(keep_train_split_resident(config, small, h100));
+}
+
+// --resident-data on where the split cannot fit the GPU's free memory is refused before the
+// upload, naming both sizes and the remedy; the test split follows only where both fit.
+TEST(RunOptions, ResidentDataOnBeyondTheGpusFreeMemoryIsRefused) {
+  hpc_train::DatasetInfo info;
+  info.channels = 3;
+  info.height = info.width = 32;
+  info.train_size = 50000;  // 50000 x (3072 + 8) bytes = 146.9 MiB
+  info.test_size = 10000;   // 29.4 MiB
+  TrainConfig config;
+  config.resident_data = hpc_train::Switch::kOn;
+  const hpc_train::GpuMemory busy{100 << 20, 16 * kGiB};  // 100 MiB free
+  try {
+    hpc_train::keep_train_split_resident(config, info, busy);
+    FAIL() << "expected a ConfigError";
+  } catch (const hpc_train::ConfigError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("--resident-data on"), std::string::npos) << message;
+    EXPECT_NE(message.find("50000 samples of 3x32x32"), std::string::npos) << message;
+    EXPECT_NE(message.find("146.9 MiB"), std::string::npos) << message;
+    EXPECT_NE(message.find("100 MiB free"), std::string::npos) << message;
+    EXPECT_NE(message.find("use --resident-data auto or off"), std::string::npos) << message;
+  }
+  EXPECT_THROW(hpc_train::keep_test_split_resident(config, info, busy), hpc_train::ConfigError);
+  // The train split fits, both do not: evaluation reads the test split from the file.
+  const hpc_train::GpuMemory tight{160 << 20, 16 * kGiB};
+  EXPECT_TRUE(hpc_train::keep_train_split_resident(config, info, tight));
+  EXPECT_FALSE(hpc_train::keep_test_split_resident(config, info, tight));
+  const hpc_train::GpuMemory roomy{kGiB, 16 * kGiB};
+  EXPECT_TRUE(hpc_train::keep_test_split_resident(config, info, roomy));
+  config.resident_data = hpc_train::Switch::kAuto;  // auto never throws: it keeps nothing here
+  EXPECT_FALSE(hpc_train::keep_train_split_resident(config, info, busy));
 }
 
 // Note [Evaluation batch]: auto on a GPU from the float32 input's bytes, within [256, 4096], on

@@ -95,7 +95,8 @@ const OptionSpec kOptions[] = {
      "random crop (4 px) + flip: auto (3-channel images of 32 px or more), on or off"},
     {"resident-data", "data", &TrainConfig::resident_data,
      "keep the train split on the device (and the test split, where both fit): auto (on a GPU, "
-     "up to 4 GiB), on or off"},
+     "up to 4 GiB, a quarter of its memory and half its free memory), on (refused beyond its "
+     "free memory) or off"},
     {"data-store", "data", &TrainConfig::data_store,
      "file (read the train split's batches from the dataset) or memory (each rank reads 1/N of "
      "it once, batches are exchanged over MPI)"},

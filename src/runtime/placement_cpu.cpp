@@ -1,5 +1,5 @@
-// probe_devices and EarlyCudaStart of a CPU build (placement.h): LibTorch without CUDA sees no
-// GPU, and nothing starts early.
+// probe_devices, gpu_memory and EarlyCudaStart of a CPU build (placement.h): LibTorch without
+// CUDA sees no GPU, and nothing starts early.
 #include "hpc_train/runtime/placement.h"
 
 namespace hpc_train {
@@ -10,6 +10,8 @@ RankDevices probe_devices(const std::string& host, int local_rank) {
   mine.local_rank = local_rank;
   return mine;
 }
+
+std::optional<GpuMemory> gpu_memory(const Placement&) { return std::nullopt; }
 
 EarlyCudaStart::EarlyCudaStart(const TrainConfig*, torch::Dtype) {}
 EarlyCudaStart::~EarlyCudaStart() = default;

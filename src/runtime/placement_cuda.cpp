@@ -1,7 +1,7 @@
 // probe_devices of a GPU build (placement.h): the GPUs LibTorch sees (CUDA_VISIBLE_DEVICES
 // applies; none where the node has no GPU or driver) and the PCI bus id of the one this rank
 // would take, which names that GPU alike for every rank of the node however each one's
-// CUDA_VISIBLE_DEVICES numbers it. And Note [Early CUDA start].
+// CUDA_VISIBLE_DEVICES numbers it. gpu_memory, and Note [Early CUDA start].
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -25,6 +25,14 @@ RankDevices probe_devices(const std::string& host, int local_rank) {
     mine.bus_id = bus_id;
   }
   return mine;
+}
+
+std::optional<GpuMemory> gpu_memory(const Placement& placement) {
+  if (!placement.cuda) return std::nullopt;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(placement.cuda_device));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return GpuMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
 namespace {

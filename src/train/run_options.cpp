@@ -6,6 +6,7 @@
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/error.h"
 #include "hpc_train/optim/optimizer.h"
+#include "hpc_train/runtime/runtime.h"
 #include "hpc_train/train/step_graph.h"
 
 namespace hpc_train {
@@ -83,17 +84,41 @@ bool capture_steps(const TrainConfig& config, const Placement& placement) {
   return possible && config.cuda_graph != Switch::kOff;
 }
 
-bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda) {
-  if (config.resident_data != Switch::kAuto) return config.resident_data == Switch::kOn;
-  return cuda && config.data_store != DataStore::kMemory &&
-         resident_split_bytes(info, Split::kTrain) <= kAutoResidentBytes;
+namespace {
+
+// Auto's bound on what stays resident on `gpu` (Note [Resident splits and GPU memory]).
+int64_t auto_resident_bytes(const GpuMemory& gpu) {
+  return std::min({kAutoResidentBytes, gpu.total_bytes / kAutoResidentShareOfGpu,
+                   gpu.free_bytes / kAutoResidentShareOfFree});
 }
 
-bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda) {
-  if (!keep_train_split_resident(config, info, cuda)) return false;
-  return config.resident_data == Switch::kOn ||
-         resident_split_bytes(info, Split::kTrain) + resident_split_bytes(info, Split::kTest) <=
-             kAutoResidentBytes;
+}  // namespace
+
+// Note [Resident splits and GPU memory]
+bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info,
+                               const std::optional<GpuMemory>& gpu) {
+  const int64_t train_bytes = resident_split_bytes(info, Split::kTrain);
+  if (config.resident_data == Switch::kOn && gpu && train_bytes > gpu->free_bytes)
+    throw ConfigError("--resident-data on: the train split (" + std::to_string(info.train_size) +
+                      " samples of " + std::to_string(info.channels) + "x" +
+                      std::to_string(info.height) + "x" + std::to_string(info.width) +
+                      ", with labels) needs " + memory_text(static_cast<double>(train_bytes)) +
+                      " of GPU memory to stay resident, more than the " +
+                      memory_text(static_cast<double>(gpu->free_bytes)) + " free on this GPU (of " +
+                      memory_text(static_cast<double>(gpu->total_bytes)) +
+                      "); use --resident-data auto or off");
+  if (config.resident_data != Switch::kAuto) return config.resident_data == Switch::kOn;
+  return gpu && config.data_store != DataStore::kMemory && train_bytes <= auto_resident_bytes(*gpu);
+}
+
+bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info,
+                              const std::optional<GpuMemory>& gpu) {
+  if (!keep_train_split_resident(config, info, gpu)) return false;
+  if (!gpu) return true;  // on, on the CPU: the host's memory was checked (validate_for_dataset)
+  const int64_t both_bytes =
+      resident_split_bytes(info, Split::kTrain) + resident_split_bytes(info, Split::kTest);
+  return both_bytes <= (config.resident_data == Switch::kOn ? gpu->free_bytes
+                                                            : auto_resident_bytes(*gpu));
 }
 
 // Note [Evaluation batch]

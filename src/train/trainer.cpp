@@ -158,10 +158,11 @@ struct Trainer::Impl {
     evaluator.emplace(dataset, Split::kTest, device, dtype, channels_last, config.seed,
                       evaluation_batch(config, info, comm.size(), placement.cuda),
                       config.prefetch_batches, comm);
-    train_split_resident = keep_train_split_resident(config, info, placement.cuda);
+    const std::optional<GpuMemory> gpu = gpu_memory(placement);
+    train_split_resident = keep_train_split_resident(config, info, gpu);
     std::future<void> resident_upload;
     if (train_split_resident) {
-      const bool test_split_resident = keep_test_split_resident(config, info, placement.cuda);
+      const bool test_split_resident = keep_test_split_resident(config, info, gpu);
       resident_upload = std::async(std::launch::async, [this, test_split_resident] {
         const c10::DeviceGuard on_device(device);  // the thread's own current device
         train_input->keep_split_resident(dataset, Split::kTrain);

@@ -27,6 +27,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <thread>
@@ -46,6 +47,16 @@ struct Placement {
   CommBackendKind backend = CommBackendKind::kMpi;
   std::string describe() const;  // e.g. "GPU 0, nccl"
 };
+
+// A GPU's memory, in bytes, as CUDA reports it (cudaMemGetInfo).
+struct GpuMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// The memory of the GPU `placement` runs on (making its CUDA context where there is none yet);
+// nullopt where it runs on the CPU, as always in a CPU build.
+std::optional<GpuMemory> gpu_memory(const Placement& placement);
 
 // What one rank sees: the input of the decision (Note [Agreed placement]).
 struct RankDevices {

@@ -49,15 +49,25 @@ bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size);
 // ConfigError for --cuda-graph on where they do not.
 bool capture_steps(const TrainConfig& config, const Placement& placement);
 
-// Whether the train split is kept on the GPU (--resident-data): on, or auto for a split of at
-// most kAutoResidentBytes on a GPU without the read-once store (Note [Store and resident data]
-// in config.cpp: with a store, auto keeps nothing resident).
+// Note [Resident splits and GPU memory]: whether the train split is kept on the device
+// (--resident-data). `gpu`: the rank's GPU's memory (gpu_memory), nullopt on the CPU. On: yes,
+// but where the split alone needs more than the GPU has free the upload could only fail with
+// CUDA's out-of-memory error, so that is a ConfigError naming the sizes. Auto: on a GPU without
+// the read-once store (Note [Store and resident data] in config.cpp: with a store, auto keeps
+// nothing resident), for a split of at most kAutoResidentBytes, a quarter of the GPU's memory
+// and half of what is free on it (a quarter of a 16 GB card is 4 GB: the model, its activations
+// and other processes keep the rest).
 inline constexpr int64_t kAutoResidentBytes = int64_t{4} << 30;  // CIFAR-10 takes 154 MB
-bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
-// Whether evaluation keeps the test split on the GPU too, where the train split is: on, or
-// auto when both splits together take at most kAutoResidentBytes. Every evaluation then gathers
-// its batches there instead of reading the file again (one read at start-up).
-bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info, bool cuda);
+inline constexpr int64_t kAutoResidentShareOfGpu = 4;            // at most total / 4
+inline constexpr int64_t kAutoResidentShareOfFree = 2;           // and free / 2
+bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& info,
+                               const std::optional<GpuMemory>& gpu);
+// Whether evaluation keeps the test split on the device too, where the train split is: on where
+// both splits fit the GPU's free memory, auto where both together are within auto's bound.
+// Every evaluation then gathers its batches there instead of reading the file again (one read
+// at start-up); otherwise evaluation reads the test split from the file.
+bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info,
+                              const std::optional<GpuMemory>& gpu);
 
 // Note [Evaluation batch]: evaluation keeps no activations for a backward pass, so on a GPU its
 // batches can be much larger than training's, and each batch costs about twenty launches

@@ -79,28 +79,36 @@ run_case "resnet18-b256-bf16-cudnn-benchmark" cifar_synthetic.h5 resnet18 256 bf
 
 # The distributed machinery (an NCCL world of one, ZeRO-2's reduce-scatter and all-gather,
 # gradient buckets) against the same run with it switched off (--backend none: every
-# collective of a one-rank world is skipped; ZeRO stage 0).
+# collective of a one-rank world is skipped; ZeRO stage 0). Then its two halves apart: the NCCL
+# world alone (ZeRO stage 0) and ZeRO-2's partitioned state alone (--backend none), each against
+# off, so that a cost names its half.
 machinery() {  # NAME MODEL DATASET BATCH [hpc_train options...]
   # Twice each side, alternating: the spread between the two runs of a side is the noise that a
   # difference between the sides has to beat.
   local name=$1 model=$2 data=$3 batch=$4 mode rep
   shift 4
+  local -A backend=([on]=nccl [off]=none [nccl]=nccl [zero2]=none)
+  local -A stage=([on]=2 [off]=0 [nccl]=0 [zero2]=2)
   for rep in 1 2; do
-    for mode in on off; do
-      local options=(--backend nccl --zero-stage 2)
-      [ "$mode" = off ] && options=(--backend none --zero-stage 0)
+    for mode in on off nccl zero2; do
       mpirun -np 1 "$build/hpc_train" --dataset "$data" --model "$model" --micro-batch "$batch" \
         --precision bf16 --max-steps "$steps" --log-every "$steps" --run-dir "run-$name-$mode$rep" \
-        "${options[@]}" "$@" > "hpc-$name-$mode$rep.log" 2>&1 || { echo "hpc_train failed: $name $mode"; tail -5 "hpc-$name-$mode$rep.log"; return 1; }
+        --backend "${backend[$mode]}" --zero-stage "${stage[$mode]}" "$@" \
+        > "hpc-$name-$mode$rep.log" 2>&1 || { echo "hpc_train failed: $name $mode"; tail -5 "hpc-$name-$mode$rep.log"; return 1; }
     done
   done
-  python3 - "$name" run-"$name"-{on1,off1,on2,off2}/summary.json <<'PY'
+  python3 - "$name" run-"$name" <<'PY'
 import json, sys
-name = sys.argv[1]
-on1, off1, on2, off2 = (json.load(open(p))['ms_per_step'] for p in sys.argv[2:])
-on, off = min(on1, on2), min(off1, off2)
-print(f"machinery {name:<24} on {on1:.3f}/{on2:.3f} ms/step, off {off1:.3f}/{off2:.3f} ms/step: "
-      f"costs {100 * (on / off - 1):+.1f}% (best of two each)")
+name, runs = sys.argv[1], sys.argv[2]
+ms = {mode: [json.load(open(f"{runs}-{mode}{rep}/summary.json"))['ms_per_step'] for rep in (1, 2)]
+      for mode in ("on", "off", "nccl", "zero2")}
+best = {mode: min(pair) for mode, pair in ms.items()}
+pair = lambda mode: "/".join(f"{x:.3f}" for x in ms[mode])
+print(f"machinery {name:<24} on {pair('on')} ms/step, off {pair('off')} ms/step: "
+      f"costs {100 * (best['on'] / best['off'] - 1):+.1f}% (best of two each)")
+print(f"  its halves: NCCL world of one alone {pair('nccl')} ms/step "
+      f"({100 * (best['nccl'] / best['off'] - 1):+.1f}%), ZeRO-2 alone {pair('zero2')} ms/step "
+      f"({100 * (best['zero2'] / best['off'] - 1):+.1f}%)")
 PY
 }
 if [ "${BENCH_MACHINERY:-1}" = 1 ]; then

@@ -94,7 +94,8 @@ machinery() {  # NAME MODEL DATASET BATCH [hpc_train options...]
       mpirun -np 1 "$build/hpc_train" --dataset "$data" --model "$model" --micro-batch "$batch" \
         --precision bf16 --max-steps "$steps" --log-every "$steps" --run-dir "run-$name-$mode$rep" \
         --backend "${backend[$mode]}" --zero-stage "${stage[$mode]}" "$@" \
-        > "hpc-$name-$mode$rep.log" 2>&1 || { echo "hpc_train failed: $name $mode"; tail -5 "hpc-$name-$mode$rep.log"; return 1; }
+        > "hpc-$name-$mode$rep.log" 2>&1 ||
+        { echo "hpc_train failed: $name $mode"; tail -5 "hpc-$name-$mode$rep.log"; return 1; }
     done
   done
   python3 - "$name" run-"$name" <<'PY'

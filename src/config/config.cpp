@@ -818,8 +818,7 @@ void validate_for_dataset(const TrainConfig& c, const DatasetInfo& dataset,
   // bound.
   const double sample_bytes = static_cast<double>(dataset.sample_bytes());
   const double memory = static_cast<double>(host_memory_bytes);
-  const std::string shape = std::to_string(dataset.channels) + "x" +
-                            std::to_string(dataset.height) + "x" + std::to_string(dataset.width);
+  const std::string shape = dataset.sample_shape();
   // Per sample of a batch of `batch` from a rank's `rank_share` of a split: the loader's queue
   // (at most the share's batches), the batch being read and its float32 copy.
   const auto per_sample_bytes = [&](int64_t batch, int64_t rank_share) {

@@ -194,9 +194,7 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
       static_cast<int64_t>(image_dims[2]) != info.height ||
       static_cast<int64_t>(image_dims[3]) != info.width)
     throw DataError(images_name + " has shape " + join_dims(image_dims) +
-                    " but the attributes channels, height, width say " +
-                    std::to_string(info.channels) + "x" + std::to_string(info.height) + "x" +
-                    std::to_string(info.width));
+                    " but the attributes channels, height, width say " + info.sample_shape());
   // HDF5 accepts a dataspace of any extent, even one whose byte count overflows 64 bits, and
   // a chunked dataset that was never written costs no space in the file. The byte counts of
   // the split (N x C x H x W images, 8 bytes of label a sample: resident_split_bytes) must fit.

@@ -19,7 +19,6 @@ namespace {
 constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr size_t kNpyMagicBytes = 6;
 
-
 // The tiny grammar of a .npy header: a Python dict literal of strings, booleans and tuples of
 // integers, e.g. {'descr': '<i8', 'fortran_order': False, 'shape': (3, 28, 28), }
 class NpyHeaderParser {

@@ -13,8 +13,8 @@
 #include <set>
 #include <tuple>
 
-#include "hpc_train/io/byte_order.h"
 #include "hpc_train/io/atomic_file.h"
+#include "hpc_train/io/byte_order.h"
 #include "hpc_train/io/file_descriptor.h"
 #include "hpc_train/error.h"
 

@@ -100,9 +100,8 @@ bool keep_train_split_resident(const TrainConfig& config, const DatasetInfo& inf
   const int64_t train_bytes = resident_split_bytes(info, Split::kTrain);
   if (config.resident_data == Switch::kOn && gpu && train_bytes > gpu->free_bytes)
     throw ConfigError("--resident-data on: the train split (" + std::to_string(info.train_size) +
-                      " samples of " + std::to_string(info.channels) + "x" +
-                      std::to_string(info.height) + "x" + std::to_string(info.width) +
-                      ", with labels) needs " + memory_text(static_cast<double>(train_bytes)) +
+                      " samples of " + info.sample_shape() + ", with labels) needs " +
+                      memory_text(static_cast<double>(train_bytes)) +
                       " of GPU memory to stay resident, more than the " +
                       memory_text(static_cast<double>(gpu->free_bytes)) + " free on this GPU (of " +
                       memory_text(static_cast<double>(gpu->total_bytes)) +

@@ -36,6 +36,10 @@ struct DatasetInfo {
   int64_t test_size = 0;
 
   int64_t sample_bytes() const { return channels * height * width; }
+  // "CxHxW", e.g. "3x32x32": how messages name a sample's shape.
+  std::string sample_shape() const {
+    return std::to_string(channels) + "x" + std::to_string(height) + "x" + std::to_string(width);
+  }
   int64_t size(Split split) const { return split == Split::kTrain ? train_size : test_size; }
 };
 

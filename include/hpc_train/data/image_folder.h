@@ -55,11 +55,12 @@ void resize_and_crop(const DecodedImage& image, int64_t height, int64_t width, u
 // a serial HDF5, or rank_zero_writes, rank 0 gathers them and writes (write_dataset_file: the
 // whole dataset in rank 0's memory). Either way the file is the same, and one that would not
 // fit in memory is refused before decoding. Errors go through run_agreed_phase (runtime.h):
-// every rank throws JobEnded with the worst exit code after rank 0 printed the messages. DataError for a tree without
-// classes, an empty class, train/ and val/ with different classes, a file that does not decode
-// (without --skip-bad-images); ConfigError for --test-fraction with train/ and val/, a missing
-// --test-fraction with one tree, or a build without image decoding. Nothing is written unless
-// everything decoded (or was skipped). The summary is rank 0's (the others' may be partial).
+// every rank throws JobEnded with the worst exit code after rank 0 printed the messages.
+// DataError for a tree without classes, an empty class, train/ and val/ with different classes,
+// a file that does not decode (without --skip-bad-images); ConfigError for --test-fraction with
+// train/ and val/, a missing --test-fraction with one tree, or a build without image decoding.
+// Nothing is written unless everything decoded (or was skipped). The summary is rank 0's (the
+// others' may be partial).
 ImageFolderSummary convert_image_folder(const Runtime& runtime, const std::string& root,
                                         const std::string& output_path,
                                         const ImageFolderOptions& options);

@@ -517,7 +517,8 @@ TEST_F(FusedKernels, OverflowSkipsTheUpdateAndStillCountsTheStep) {
 
 // ---------------------------------------------------------------------------------------------
 // ZeroOptimizer on the GPU, at one rank: the segment tables of stages 0, 1 and 2 built from a
-// real bucket layout (small buckets, so many segments), the device counters, and the host API.
+// real bucket layout (small buckets; at one rank their slices make one segment, and
+// test_zero_gpu_np3 has three ranks' tables), the device counters, and the host API.
 
 std::vector<at::Tensor> random_parameters(std::mt19937_64& gen, at::ScalarType type) {
   std::vector<at::Tensor> parameters;
@@ -753,6 +754,43 @@ TEST_F(ZeroOnDevice, HostDrivenStepEqualsTheDeviceStep) {
   }
   EXPECT_TRUE(same_state(host_driven.optimizer->gather_full_state(),
                          device_driven.optimizer->gather_full_state()));
+}
+
+// In a world of one ZeRO's slices are the whole buckets, back to back: stages 1 and 2 must step
+// bit for bit as stage 0 does, the global norm included (since append_segment in
+// zero_optimizer_cuda.cpp they also run its single segment, in the same order of summation).
+TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
+  std::mt19937_64 gen = generator_for(11);
+  for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+    ZeroOptions options;
+    options.adam = AdamOptions{2e-3, 0.9, 0.999, 1e-8, 0.01, true};
+    options.clip_grad = 0.1;
+    const std::vector<at::Tensor> initial = random_parameters(gen, type);
+    std::vector<std::unique_ptr<DeviceModel>> stages;
+    for (int stage = 0; stage <= 2; ++stage) {
+      options.stage = stage;
+      stages.push_back(std::make_unique<DeviceModel>(initial, options, comm_));
+    }
+    SCOPED_TRACE(std::string(c10::toString(type)) + ", " +
+                 std::to_string(stages[0]->flat->layout().spans.size()) + " buckets");
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor grads =
+          (at::randn({stages[0]->flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(type);
+      for (const std::unique_ptr<DeviceModel>& model : stages) {
+        model->set_gradients(grads);
+        model->optimizer->step_on_device();
+      }
+      const StepReport stage0 = stages[0]->optimizer->read_device_report();
+      for (int stage = 1; stage <= 2; ++stage) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + ", step " + std::to_string(step));
+        EXPECT_EQ(stages[stage]->optimizer->read_device_report().last_grad_norm,
+                  stage0.last_grad_norm);
+        EXPECT_TRUE(torch::equal(stages[stage]->flat->values(), stages[0]->flat->values()));
+        EXPECT_TRUE(same_state(stages[stage]->optimizer->gather_full_state(),
+                               stages[0]->optimizer->gather_full_state()));
+      }
+    }
+  }
 }
 
 // One fp16 run with a random overflow pattern: the device scaler must follow LossScaler::update

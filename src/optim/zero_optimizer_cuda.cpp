@@ -66,6 +66,24 @@ void write_step_state(at::Tensor& device_state, const FusedStepState& state) {
   device_state.copy_(bytes);
 }
 
+// Each segment costs both kernels a pass of their grid-stride loops and a scalar head and tail.
+// Slices that follow each other in all three buffers are one segment: in a world of one, ZeRO's
+// slices are the whole buckets, back to back, and its table is stage 0's single segment. (On an
+// H100, simple_cnn's two buckets as two segments took the Adam update 19.3-19.7 us against stage
+// 0's 17.6, and the sum of squares 5.3-5.6 us against 4.9: about 1% of its step.)
+void append_segment(std::vector<FusedSegment>& segments, const FusedSegment& next) {
+  if (!segments.empty()) {
+    FusedSegment& last = segments.back();
+    if (last.grad_offset + last.numel == next.grad_offset &&
+        last.master_offset + last.numel == next.master_offset &&
+        last.param_offset + last.numel == next.param_offset) {
+      last.numel += next.numel;
+      return;
+    }
+  }
+  segments.push_back(next);
+}
+
 }  // namespace
 
 void ZeroOptimizer::create_device_buffers() {
@@ -92,7 +110,7 @@ void ZeroOptimizer::prepare_device_layout() {
       const int64_t own = span.offset + comm_.rank() * span.slice_numel;  // as own_slice
       // Stage 2's gradients are the reducer's partition, laid out as the moments are.
       const int64_t grad_offset = options_.stage == 2 ? span.partition_offset : own;
-      segments.push_back({span.slice_numel, grad_offset, span.partition_offset, own});
+      append_segment(segments, {span.slice_numel, grad_offset, span.partition_offset, own});
     }
   }
   int64_t partition_numel = 0;

@@ -31,7 +31,8 @@ namespace hpc_train {
 
 // One contiguous run of this rank's partition, in elements. The partition is one segment in
 // stage 0 (the whole flat buffers) and one per bucket in stages 1 and 2 (the rank's slice of each
-// bucket, Note [Bucket layout]); the table lives on the device, built once per layout.
+// bucket, Note [Bucket layout]; slices that follow each other in every buffer are one segment);
+// the table lives on the device, built once per layout.
 struct FusedSegment {
   int64_t numel = 0;
   int64_t grad_offset = 0;    // in the gradient buffer (flat grads, or the stage-2 partition)

@@ -166,8 +166,9 @@ Reference run_reference(const Case& c, const Inputs& in, const torch::Tensor& fu
   ref.dweight_terms = (g * x_hat).abs().sum({0, 2, 3});
   ref.dbias_terms = g.abs().sum({0, 2, 3});
   const torch::Tensor mean = x.detach().mean({0, 2, 3}, /*keepdim=*/true);
+  const torch::Tensor centred = x.detach() - mean;
   const torch::Tensor invstd =
-      (x.detach().var({0, 2, 3}, /*unbiased=*/false, /*keepdim=*/true) + 1e-5).rsqrt();
+      ((centred * centred).mean({0, 2, 3}, /*keepdim=*/true) + 1e-5).rsqrt();  // biased, as BN's
   ref.xhat_rounding_terms = (g.abs() * (x.detach().abs() + mean.abs()) * invstd).sum({0, 2, 3});
   return ref;
 }

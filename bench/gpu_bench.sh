@@ -6,7 +6,7 @@
 # hpc_train's ms/step is its summary's (warm-up step excluded); PyTorch's is CUDA-event timed
 # after 30 warm-up steps.
 set -euo pipefail
-build=$(cd "$1" && pwd); idx=$2; out=${3:-bench-out}
+build=$(cd "$1" && pwd); idx=$(cd "$2" && pwd); out=${3:-bench-out}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" && cd "$out"
 steps=${BENCH_STEPS:-300}
@@ -130,18 +130,7 @@ print(f"whole job (simple_cnn, 10 epochs): hpc_train {ours['wall_s']:.1f} s, "
 PY
   # The exported weights in PyTorch's definition of the network (strict load_state_dict).
   python3 "$here/reference/load_safetensors.py" run-whole/weights.safetensors --dataset fm.h5
-  # The same job in bf16, as the origin's job is timed: the process's wall time (mpirun's
-  # start to its end), the training (summary.json's wall_s, its warm-up included) and rank 0's
-  # start-up line (its phases in the order they run).
-  start_ms=$(date +%s%3N)
-  mpirun -np 1 "$build/hpc_train" --dataset fm.h5 --epochs 10 --precision bf16 \
-    --run-dir run-whole-bf16 > hpc-whole-bf16.log 2>&1
-  process_ms=$(( $(date +%s%3N) - start_ms ))
-  python3 - run-whole-bf16/summary.json "$process_ms" <<'PY'
-import json, sys
-ours, process_s = json.load(open(sys.argv[1])), int(sys.argv[2]) / 1e3
-print(f"whole job bf16 (hpc_train): process {process_s:.2f} s, training {ours['wall_s']:.2f} s "
-      f"(warm-up {ours['warmup_s']:.2f} s), {100 * ours['test_accuracy']:.2f}%")
-PY
-  grep '^Start-up' hpc-whole-bf16.log
+  # The same job in bf16, timed as the origin's job is (origin_job.sh): BENCH_ORIGIN_RUNS runs
+  # (1; issue 16's figures take 7, one cold and six warm).
+  "$here/origin_job.sh" "$build" "$idx" origin-job "${BENCH_ORIGIN_RUNS:-1}"
 fi

@@ -4,7 +4,9 @@
 # page cache, CUDA's caches of loaded kernels); the median is the warm runs'. Per run: the
 # process's wall time from mpirun's start to its end, the training (summary.json's wall_s, its
 # warm-up included and also shown apart), the start-up by phase (summary.json's "startup",
-# Note [Start-up phases]) and the test accuracy. Then the floor under every job: `mpirun -np 1 /bin/true`, three times.
+# Note [Start-up phases]), the test accuracy, and where an epoch after the first goes (its steps,
+# the rest of its loop, its evaluation; metrics.jsonl). Then the floor under every job:
+# `mpirun -np 1 /bin/true`, three times.
 #   bench/origin_job.sh BUILD_DIR FASHION_MNIST_IDX_DIR [OUT_DIR [RUNS [hpc_train options...]]]
 # Options after RUNS are added to the job's (--dataset, --epochs, --precision, --log-every and
 # --run-dir are its own): e.g. `--max-steps 20` for a quick try on a CPU build.
@@ -49,6 +51,17 @@ for run in range(1, runs + 1):
     label = "cold" if run == 1 and runs > 1 else str(run)
     print(f"{label:<5} {process_s:9.2f} {summary['wall_s']:10.2f} {summary['warmup_s']:9.2f} "
           f"{startup.get('total_s', 0.0):10.2f}  {100 * summary['test_accuracy']:7.2f}%  {phases}")
+    # An epoch after the first (medians): its steps at the run's ms/step, the rest of its
+    # training loop, and the evaluation after it.
+    records = [json.loads(line) for line in open(f"run-{run}/metrics.jsonl")]
+    epochs = [r for r in records if r.get("kind") == "epoch"][1:]
+    if epochs:
+        steps_s = statistics.median(e["steps"] for e in epochs) * summary["ms_per_step"] / 1e3
+        train_s = statistics.median(e["epoch_train_s"] for e in epochs)
+        evaluation_s = statistics.median(e["epoch_s"] - e["epoch_train_s"] for e in epochs)
+        print(f"{'':<5} an epoch after the first: {1e3 * steps_s:.1f} ms of steps "
+              f"({summary['ms_per_step']:.4f} ms each), {1e3 * (train_s - steps_s):.1f} ms more "
+              f"in its loop, {1e3 * evaluation_s:.1f} ms of evaluation")
     if run > 1 or runs == 1:
         walls.append(process_s)
 after_cold = " after the cold one" if runs > 1 else ""

@@ -5,7 +5,8 @@
 # process's wall time from mpirun's start to its end, the training (summary.json's wall_s, its
 # warm-up included and also shown apart), the start-up by phase (summary.json's "startup",
 # Note [Start-up phases]), the test accuracy, and where an epoch after the first goes (its steps,
-# the rest of its loop, its evaluation; metrics.jsonl). Then the floor under every job:
+# the rest of its loop, its evaluation; metrics.jsonl) and how much of the training fell outside
+# the epochs (checkpoints at epoch ends, the run's end). Then the floor under every job:
 # `mpirun -np 1 /bin/true`, three times.
 #   bench/origin_job.sh BUILD_DIR FASHION_MNIST_IDX_DIR [OUT_DIR [RUNS [hpc_train options...]]]
 # Options after RUNS are added to the job's (--dataset, --epochs, --precision, --log-every and
@@ -52,16 +53,24 @@ for run in range(1, runs + 1):
     print(f"{label:<5} {process_s:9.2f} {summary['wall_s']:10.2f} {summary['warmup_s']:9.2f} "
           f"{startup.get('total_s', 0.0):10.2f}  {100 * summary['test_accuracy']:7.2f}%  {phases}")
     # An epoch after the first (medians): its steps at the run's ms/step, the rest of its
-    # training loop, and the evaluation after it.
+    # training loop (below 0 where the epoch's steps ran faster than the run's mean: steady on a
+    # GPU's replayed steps, not on a busy CPU), and the evaluation after it.
+    # Outside every epoch: the checkpoints written at epoch ends and the run's end.
     records = [json.loads(line) for line in open(f"run-{run}/metrics.jsonl")]
-    epochs = [r for r in records if r.get("kind") == "epoch"][1:]
+    all_epochs = [r for r in records if r.get("kind") == "epoch"]
+    outside_s = summary["wall_s"] - sum(e["epoch_s"] for e in all_epochs)
+    epochs = all_epochs[1:]
     if epochs:
-        steps_s = statistics.median(e["steps"] for e in epochs) * summary["ms_per_step"] / 1e3
+        # An epoch record's "steps" is the run's count at its end.
+        steps = statistics.median(e["steps"] - before["steps"]
+                                  for before, e in zip(all_epochs, epochs))
+        steps_s = steps * summary["ms_per_step"] / 1e3
         train_s = statistics.median(e["epoch_train_s"] for e in epochs)
         evaluation_s = statistics.median(e["epoch_s"] - e["epoch_train_s"] for e in epochs)
         print(f"{'':<5} an epoch after the first: {1e3 * steps_s:.1f} ms of steps "
               f"({summary['ms_per_step']:.4f} ms each), {1e3 * (train_s - steps_s):.1f} ms more "
-              f"in its loop, {1e3 * evaluation_s:.1f} ms of evaluation")
+              f"in its loop, {1e3 * evaluation_s:.1f} ms of evaluation; "
+              f"{1e3 * outside_s:.0f} ms of the training outside the epochs")
     if run > 1 or runs == 1:
         walls.append(process_s)
 after_cold = " after the cold one" if runs > 1 else ""

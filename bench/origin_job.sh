@@ -3,8 +3,8 @@
 # started by mpirun, RUNS times in a row (7 by default). The first run after a build is cold (the
 # page cache, CUDA's caches of loaded kernels); the median is the warm runs'. Per run: the
 # process's wall time from mpirun's start to its end, the training (summary.json's wall_s, its
-# warm-up included and also shown apart), the start-up by phase (summary.json's "startup",
-# Note [Start-up phases]), the test accuracy, and where an epoch after the first goes (its steps,
+# warm-up included and also shown apart), the start-up (summary.json's "startup") and its phases
+# in the order they run (rank 0's Start-up line, Note [Start-up phases]), the test accuracy, and where an epoch after the first goes (its steps,
 # the rest of its loop, its evaluation; metrics.jsonl) and how much of the training fell outside
 # the epochs (checkpoints at epoch ends, the run's end). Then the floor under every job:
 # `mpirun -np 1 /bin/true`, three times.
@@ -38,20 +38,18 @@ import json, statistics, sys
 runs, floors = int(sys.argv[1]), [int(ms) / 1e3 for ms in sys.argv[2:]]
 walls = []
 print(f"{'run':<5} {'process s':>9} {'training s':>10} {'warm-up s':>9} {'start-up s':>10}  "
-      f"{'accuracy':>8}  start-up phases (s)")
+      f"{'accuracy':>8}  start-up phases")
 for run in range(1, runs + 1):
     summary = json.load(open(f"run-{run}/summary.json"))
     process_s = int(open(f"run-{run}/process_ms").read()) / 1e3
-    startup = summary.get("startup", {})
-    # In the order they run (the JSON's keys are sorted); the phases under 5 ms left out.
-    order = ["loading", "mpi", "config", "placement", "dataset", "communicator", "model",
-             "optimizer", "data", "resume"]
-    keys = sorted((key for key in startup if key != "total_s"),
-                  key=lambda key: order.index(key[:-2]) if key[:-2] in order else len(order))
-    phases = ", ".join(f"{key[:-2]} {startup[key]:.2f}" for key in keys if startup[key] >= 0.005)
+    # The phases in the order they run: rank 0's Start-up line (summary.json's keys are sorted).
+    startup_line = next((line for line in open(f"run-{run}.log") if line.startswith("Start-up")),
+                        "")
+    phases = startup_line.partition(": ")[2].strip()
     label = "cold" if run == 1 and runs > 1 else str(run)
+    startup_s = summary["startup"]["total_s"]
     print(f"{label:<5} {process_s:9.2f} {summary['wall_s']:10.2f} {summary['warmup_s']:9.2f} "
-          f"{startup.get('total_s', 0.0):10.2f}  {100 * summary['test_accuracy']:7.2f}%  {phases}")
+          f"{startup_s:10.2f}  {100 * summary['test_accuracy']:7.2f}%  {phases}")
     # An epoch after the first (medians): its steps at the run's ms/step, the rest of its
     # training loop (below 0 where the epoch's steps ran faster than the run's mean: steady on a
     # GPU's replayed steps, not on a busy CPU), and the evaluation after it.

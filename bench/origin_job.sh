@@ -4,10 +4,10 @@
 # page cache, CUDA's caches of loaded kernels); the median is the warm runs'. Per run: the
 # process's wall time from mpirun's start to its end, the training (summary.json's wall_s, its
 # warm-up included and also shown apart), the start-up (summary.json's "startup") and its phases
-# in the order they run (rank 0's Start-up line, Note [Start-up phases]), the test accuracy, and where an epoch after the first goes (its steps,
-# the rest of its loop, its evaluation; metrics.jsonl) and how much of the training fell outside
-# the epochs (checkpoints at epoch ends, the run's end). Then the floor under every job:
-# `mpirun -np 1 /bin/true`, three times.
+# in the order they run (rank 0's Start-up line, Note [Start-up phases]), the test accuracy, and
+# where an epoch after the first goes (its steps, the rest of its loop, its evaluation;
+# metrics.jsonl) and how much of the training fell outside the epochs (checkpoints at epoch ends,
+# the run's end). Then the floor under every job: `mpirun -np 1 /bin/true`, three times.
 #   bench/origin_job.sh BUILD_DIR FASHION_MNIST_IDX_DIR [OUT_DIR [RUNS [hpc_train options...]]]
 # Options after RUNS are added to the job's (--dataset, --epochs, --precision, --log-every and
 # --run-dir are its own): e.g. `--max-steps 20` for a quick try on a CPU build.

@@ -24,6 +24,7 @@
 #include "hpc_train/io/atomic_file.h"
 #include "hpc_train/error.h"
 #include "hpc_train/runtime/build_info.h"
+#include "hpc_train/runtime/cpu_binding.h"
 #include "hpc_train/runtime/placement.h"
 #include "hpc_train/runtime/run_dir.h"
 #include "hpc_train/runtime/runtime.h"
@@ -72,6 +73,9 @@ int run(int argc, char** argv) {
   StartupPhases startup;  // Note [Start-up phases]
   const std::optional<CommandLine> before_mpi = parse_before_mpi(argc, argv);
   if (const std::optional<int> exit_code = answer_without_mpi(before_mpi)) return *exit_code;
+  // Before the first thread of ours, which would keep the binding (Note [Open MPI's default core
+  // binding]).
+  const std::string cpu_binding = undo_default_core_binding();
   // Note [Early CUDA start]: the context and cuBLAS/cuDNN start while MPI does.
   EarlyCudaStart early_cuda(before_mpi ? &before_mpi->config : nullptr,
                             before_mpi ? model_dtype(before_mpi->config) : torch::kFloat);
@@ -117,6 +121,7 @@ int run(int argc, char** argv) {
       std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n%s%s\n",
                   HPC_TRAIN_VERSION, runtime.world_size(), placement.describe().c_str(), threads,
                   format_build_report(build).c_str(), resolved.c_str());
+      if (!cpu_binding.empty()) std::printf("%s\n", cpu_binding.c_str());
       std::fflush(stdout);
     }
 

@@ -6,6 +6,11 @@ hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
 # without GPUs), and its agreement over MPI at 1 and 3 ranks.
 hpc_train_add_test(NAME test_placement SOURCES test_placement.cpp RANKS 1 3
                    LIBS hpc_train_engine TIMEOUT 60)
+# Note [Open MPI's default core binding]: the rule, and mpirun's default binding undone (one rank)
+# or kept (two ranks on two cores: their share); then in hpc_train, against a binding chosen.
+hpc_train_add_test(NAME test_cpu_binding SOURCES test_cpu_binding.cpp RANKS 1 2 TIMEOUT 60)
+hpc_train_add_script_test(NAME test_cpu_binding_run SCRIPT test_cpu_binding.sh TIMEOUT 300)
+set_tests_properties(test_cpu_binding_run PROPERTIES SKIP_RETURN_CODE 77)
 hpc_train_add_test(NAME test_optimizer SOURCES test_optimizer.cpp test_flat_parameters.cpp
                    test_run_options.cpp test_graphed_step.cpp
                    RANKS 1 LIBS hpc_train_engine)

@@ -1,6 +1,7 @@
 // hpc_train: data-parallel training, one MPI rank per GPU (or 3 ranks on a CPU-only machine).
 //
 // Reads as a table of contents:
+//   binding  -> Open MPI's default one-core binding undone           (cpu_binding.h)
 //   config   -> the command line, INI file and DeepSpeed config       (config.h, deepspeed_config.h)
 //   runtime  -> MPI, ranks, threads, how errors end the job          (runtime.h)
 //   build    -> what this binary was built with (--version, the log header, summary.json)

@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "environment_set_aside.h"
 #include "hpc_train/runtime/cpu_binding.h"
 
 namespace {
@@ -20,34 +20,15 @@ using hpc_train::bound_by_open_mpi_default;
 using hpc_train::open_mpi_binding_choices;
 
 // The variables the rule reads, set aside for a test and put back after it.
-class SetAside {
- public:
-  SetAside() {
-    names_.push_back("OMPI_MCA_orte_bound_at_launch");
-    for (const char* const* choice = open_mpi_binding_choices; *choice; ++choice)
-      names_.push_back(*choice);
-    for (const std::string& name : names_) {
-      const char* value = std::getenv(name.c_str());
-      saved_.push_back(value ? std::optional<std::string>(value) : std::nullopt);
-      unsetenv(name.c_str());
-    }
-  }
-  ~SetAside() {
-    for (size_t i = 0; i < names_.size(); ++i) {
-      if (saved_[i])
-        setenv(names_[i].c_str(), saved_[i]->c_str(), 1);
-      else
-        unsetenv(names_[i].c_str());
-    }
-  }
-
- private:
-  std::vector<std::string> names_;
-  std::vector<std::optional<std::string>> saved_;
-};
+std::vector<std::string> binding_variables() {
+  std::vector<std::string> names = {"OMPI_MCA_orte_bound_at_launch"};
+  for (const char* const* choice = open_mpi_binding_choices; *choice; ++choice)
+    names.push_back(*choice);
+  return names;
+}
 
 TEST(BoundByOpenMpiDefault, MarkedBoundWithNoChoiceOnly) {
-  const SetAside set_aside;
+  const hpc_train::testing::EnvironmentSetAside set_aside(binding_variables());
   EXPECT_FALSE(bound_by_open_mpi_default()) << "no mark: another launcher, or none";
   setenv("OMPI_MCA_orte_bound_at_launch", "0", 1);
   EXPECT_FALSE(bound_by_open_mpi_default());

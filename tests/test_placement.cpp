@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "environment_set_aside.h"
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/config/config.h"
 #include "hpc_train/error.h"
@@ -344,10 +344,7 @@ TEST(LauncherLocalRank, EachLaunchersVariableAndNoLauncher) {
   const std::vector<std::string> names = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                           "PALS_LOCAL_RANKID", "SLURM_LOCALID",
                                           "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-  std::vector<std::pair<std::string, std::string>> saved;
-  for (const std::string& name : names)
-    if (const char* value = std::getenv(name.c_str())) saved.emplace_back(name, value);
-  for (const std::string& name : names) unsetenv(name.c_str());
+  const hpc_train::testing::EnvironmentSetAside set_aside(names);
 
   EXPECT_EQ(hpc_train::launcher_local_rank(), 0) << "no launcher: the node's only rank";
   setenv("PMIX_RANK", "5", 1);
@@ -363,8 +360,6 @@ TEST(LauncherLocalRank, EachLaunchersVariableAndNoLauncher) {
   setenv("MPI_LOCALRANKID", "x2", 1);
   EXPECT_EQ(hpc_train::launcher_local_rank(), std::nullopt) << "not a number: no guess";
 
-  for (const std::string& name : names) unsetenv(name.c_str());
-  for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);
 }
 
 // Note [Single-node MPI transport]: what the launcher says of the job's nodes, and OMPI_MCA_pml
@@ -375,10 +370,7 @@ TEST(LauncherOneNode, OpenMpisSizesAloneAndOtherLaunchers) {
       "MPI_LOCALRANKID",      "PALS_LOCAL_RANKID",          "SLURM_LOCALID",
       "OMPI_COMM_WORLD_RANK", "PMIX_RANK",                  "PMI_RANK",
       "OMPI_MCA_pml"};
-  std::vector<std::pair<std::string, std::string>> saved;
-  for (const std::string& name : names)
-    if (const char* value = std::getenv(name.c_str())) saved.emplace_back(name, value);
-  for (const std::string& name : names) unsetenv(name.c_str());
+  const hpc_train::testing::EnvironmentSetAside set_aside(names);
   const auto pml = [] {
     const char* value = std::getenv("OMPI_MCA_pml");
     return std::string(value ? value : "(unset)");
@@ -413,6 +405,4 @@ TEST(LauncherOneNode, OpenMpisSizesAloneAndOtherLaunchers) {
   hpc_train::prefer_single_node_transport(hpc_train::launcher_one_node());
   EXPECT_EQ(pml(), "(unset)");
 
-  for (const std::string& name : names) unsetenv(name.c_str());
-  for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);
 }

@@ -21,8 +21,9 @@
 // Open MPI's default only: mpirun marks a rank it bound (OMPI_MCA_orte_bound_at_launch=1) and
 // passes a binding or mapping the user chose as an MCA variable (open_mpi_binding_choices), so a
 // chosen binding is kept, as is any other launcher's (srun's --cpu-bind), and Open MPI 5's
-// (PRRTE), whose ranks carry neither variable. A socket binding (three ranks or more) is at least
-// a rank's share on one socket and is kept too.
+// (PRRTE), whose ranks carry neither variable. Open MPI's default socket binding (three ranks or
+// more) is kept where a socket holds at least the rank's share (three ranks on one or two
+// sockets); with more sockets than ranks a rank takes all of them as well.
 #pragma once
 
 #include <string>

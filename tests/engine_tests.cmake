@@ -2,6 +2,8 @@
 # and the hpc_train executable end to end.
 hpc_train_add_test(NAME test_comm SOURCES test_comm.cpp RANKS 1 2 3
                    LIBS hpc_train_engine)
+# Note [Naming a lost peer]: which ranks answer on the network when a collective stalls.
+hpc_train_add_test(NAME test_peer_probe SOURCES test_peer_probe.cpp RANKS 1 3 TIMEOUT 60)
 # Placement: the decision over injected reports (GPUs per task, shared GPUs, two nodes, ranks
 # without GPUs), and its agreement over MPI at 1 and 3 ranks.
 hpc_train_add_test(NAME test_placement SOURCES test_placement.cpp RANKS 1 3

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The communication watchdog (Note [Communication watchdog] in comm.h), with a 2 s timeout: a
 # collective that cannot finish must end the job within a few seconds, with a non-zero exit and
-# one line that names rank 0, the operation, its label and bytes, and the backend.
+# one line that names rank 0, the operation, its label and bytes, and the backend, and with
+# several ranks whether the others still answer on the network (Note [Naming a lost peer]).
 #   mpi (default), 2 ranks: rank 1 never joins what rank 0 started, while rank 0 waits for the
 #     collective, is busy elsewhere, or blocks in a scalar reduction or a string broadcast
 #     (whose root is rank 1); 1 rank: work registered with Communicator::watch (as a CUDA graph
@@ -46,14 +47,16 @@ if [ "${COMM_TIMEOUT_BACKEND:-mpi}" = nccl ]; then
   expect_stall 1 StalledNcclOperationEndsTheJob \
     "comm: all_reduce of bucket 9 \(28 B\) did not finish within 2 s \(backend nccl\)"
 else
+  # Rank 1 lives: the probe finds it answering.
+  answers="; every other rank answers on the network\$"
   expect_stall 2 StalledWaitEndsTheJob \
-    "comm: all_reduce of bucket 7 \(28 B\) did not finish within 2 s \(backend mpi\)"
+    "comm: all_reduce of bucket 7 \(28 B\) did not finish within 2 s \(backend mpi\)$answers"
   expect_stall 2 StalledWhileBusyEndsTheJob \
-    "comm: reduce_scatter of bucket 8 \(64 B\) did not finish within 2 s \(backend mpi\)"
+    "comm: reduce_scatter of bucket 8 \(64 B\) did not finish within 2 s \(backend mpi\)$answers"
   expect_stall 2 StalledScalarEndsTheJob \
-    "comm: all_reduce of loss \(8 B\) did not finish within 2 s \(backend mpi\)"
+    "comm: all_reduce of loss \(8 B\) did not finish within 2 s \(backend mpi\)$answers"
   expect_stall 2 StalledStringBroadcastEndsTheJob \
-    "comm: broadcast of checkpoint to resume \(8 B\) did not finish within 2 s \(backend mpi\)"
+    "comm: broadcast of checkpoint to resume \(8 B\) did not finish within 2 s \(backend mpi\)$answers"
   expect_stall 1 StalledWatchedWorkEndsTheJob \
     "comm: graph replay of step 4 did not finish within 2 s \(backend mpi\)$"
 fi

@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "comm/comm_backend.h"
+#include "hpc_train/comm/peer_probe.h"
 #include "hpc_train/error.h"
 
 namespace hpc_train {
@@ -77,6 +78,7 @@ Communicator::Communicator(MPI_Comm comm, CommBackendKind backend, int cuda_devi
   } else {
     backend_ = make_nccl_backend(comm_, cuda_device);  // a build without CUDA throws ConfigError
   }
+  if (size_ > 1) probe_ = std::make_shared<const PeerProbe>(comm_);
 }
 
 Communicator::~Communicator() {
@@ -94,7 +96,7 @@ void Communicator::set_timeout(double seconds) {
   backend_->set_watchdog(nullptr);
   watchdog_.reset();
   if (seconds == 0.0) return;
-  watchdog_ = std::make_shared<CommWatchdog>(comm_, *backend_, seconds);
+  watchdog_ = std::make_shared<CommWatchdog>(comm_, *backend_, probe_, seconds);
   watchdog_->set_paused(capturing_);
   backend_->set_watchdog(watchdog_);
 }
@@ -138,8 +140,9 @@ Work Communicator::all_gather_in_place(at::Tensor& buffer, const std::string& la
 
 // --- Note [Communication watchdog]
 
-CommWatchdog::CommWatchdog(MPI_Comm comm, CommBackend& backend, double timeout_s)
-    : comm_(comm), backend_(backend), timeout_s_(timeout_s) {
+CommWatchdog::CommWatchdog(MPI_Comm comm, CommBackend& backend,
+                           std::shared_ptr<const PeerProbe> probe, double timeout_s)
+    : comm_(comm), backend_(backend), probe_(std::move(probe)), timeout_s_(timeout_s) {
   int world_rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   char host[256] = {};
@@ -176,7 +179,8 @@ std::string CommWatchdog::stall_message(const WatchedOperation& operation) const
   return std::string("comm: ") + operation.name() +
          (operation.label().empty() ? "" : " of " + operation.label()) +
          (operation.bytes() > 0 ? " (" + std::to_string(operation.bytes()) + " B)" : "") +
-         " did not finish within " + timeout + " s (backend " + operation.backend() + ")";
+         " did not finish within " + timeout + " s (backend " + operation.backend() + ")" +
+         (probe_ ? probe_->describe(std::chrono::milliseconds(kPeerProbeLimitMs)) : "");
 }
 
 std::string CommWatchdog::failure() {

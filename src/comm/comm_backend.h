@@ -29,6 +29,9 @@ class Work::Impl {
 };
 
 constexpr double kWatchdogPollMs = 100.0;
+// How long the ending job waits for the other ranks to answer (Note [Naming a lost peer]): a TCP
+// handshake within a cluster takes well under a millisecond; a retransmitted SYN comes after 1 s.
+constexpr int kPeerProbeLimitMs = 2000;
 
 // One backend's tensor collectives (the top of comm.h says what each backend does). `label`
 // says what an operation is for; it is only reported.
@@ -70,7 +73,9 @@ class CommBackend {
 // destructor stops and joins the thread.
 class CommWatchdog {
  public:
-  CommWatchdog(MPI_Comm comm, CommBackend& backend, double timeout_s);
+  // `probe` (may be null) names the ranks that no longer answer when the job ends.
+  CommWatchdog(MPI_Comm comm, CommBackend& backend, std::shared_ptr<const PeerProbe> probe,
+               double timeout_s);
   ~CommWatchdog();
   CommWatchdog(const CommWatchdog&) = delete;
   CommWatchdog& operator=(const CommWatchdog&) = delete;
@@ -83,8 +88,9 @@ class CommWatchdog {
   // Prints `[rank R@host] message`, aborts the backend's communicator and ends the job
   // (MPI_Abort). The first caller does so; a concurrent second one waits for the end.
   [[noreturn]] void end_job(const std::string& message);
-  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi)"; no
-  // bytes for a graph replay
+  // "comm: all_reduce of bucket 3 (4096 B) did not finish within 300 s (backend mpi); rank 2@node3
+  // does not answer (no answer within 2 s)"; no bytes for a graph replay. Takes up to
+  // kPeerProbeLimitMs to ask the other ranks.
   std::string stall_message(const WatchedOperation& operation) const;
   // What the thread reported without ending the job (no MPI_THREAD_MULTIPLE); empty if nothing.
   std::string failure();
@@ -96,6 +102,7 @@ class CommWatchdog {
 
   MPI_Comm comm_;
   CommBackend& backend_;
+  std::shared_ptr<const PeerProbe> probe_;
   double timeout_s_;
   std::string where_;                 // "rank R@host", R the world rank
   bool thread_may_call_mpi_ = false;  // MPI granted MPI_THREAD_MULTIPLE

@@ -80,7 +80,9 @@ class Work {
 // A thread polls every kWatchdogPollMs (comm_backend.h): an operation unfinished after the
 // timeout, or an asynchronous NCCL error, ends the job: one line `[rank R@host] comm: <op> of
 // <label> (<bytes> B) did not finish within <T> s (backend mpi|nccl|none)`, ncclCommAbort, then
-// MPI_Abort, so that no rank hangs. The thread calls MPI_Abort only where MPI granted
+// MPI_Abort, so that no rank hangs. Before that line is printed, every other rank is asked
+// whether it still answers on the network, and those that do not are named in it (Note [Naming
+// a lost peer], peer_probe.h). The thread calls MPI_Abort only where MPI granted
 // MPI_THREAD_MULTIPLE; so that this does not matter for MPI operations, a watched MPI wait polls
 // with MPI_Test and ends the job from the waiting thread itself once the operation is overdue.
 // (Without MPI_THREAD_MULTIPLE, an NCCL failure aborts the NCCL communicator, and the next NCCL
@@ -101,6 +103,7 @@ class Work {
 // uncaptured operations could not disturb a capture elsewhere anyway.
 class CommBackend;
 class CommWatchdog;
+class PeerProbe;
 
 // One operation as the watchdog sees it, shared by its Work and the watchdog (which keeps it
 // until it has finished). Backends subclass it where the Work does not observe completion, and
@@ -210,6 +213,7 @@ class Communicator {
   int size_ = 1;
   CommBackendKind kind_;
   std::unique_ptr<CommBackend> backend_;    // comm_backend.h
+  std::shared_ptr<const PeerProbe> probe_;  // several ranks: for the watchdog's message
   std::shared_ptr<CommWatchdog> watchdog_;  // while a timeout is set; the backend shares it
   bool capturing_ = false;
 };

@@ -119,9 +119,11 @@ int run(int argc, char** argv) {
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
       write_file_atomically(config.run_dir + "/config.ini", resolved);
-      std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n%s%s\n",
+      std::printf("hpc_train %s: %d rank(s); rank 0 on %s; %d CPU thread(s) per rank\n"
+                  "Nodes: %s\n%s%s\n",
                   HPC_TRAIN_VERSION, runtime.world_size(), placement.describe().c_str(), threads,
-                  format_build_report(build).c_str(), resolved.c_str());
+                  placement.ranks_by_node.c_str(), format_build_report(build).c_str(),
+                  resolved.c_str());
       if (!cpu_binding.empty()) std::printf("%s\n", cpu_binding.c_str());
       std::fflush(stdout);
     }

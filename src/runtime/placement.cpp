@@ -4,6 +4,7 @@
 #include "hpc_train/runtime/placement.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -226,7 +227,11 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
     reports[r].local_rank = records[r].local_rank;
     reports[r].visible_gpus = records[r].visible_gpus;
   }
-  return decide_placement(config, reports, nccl_built)[static_cast<size_t>(rank)];
+  Placement placement = decide_placement(config, reports, nccl_built)[static_cast<size_t>(rank)];
+  std::vector<int> every_rank(records.size());
+  std::iota(every_rank.begin(), every_rank.end(), 0);
+  placement.ranks_by_node = describe_ranks(every_rank, reports);
+  return placement;
 }
 
 }  // namespace hpc_train

@@ -45,6 +45,8 @@ struct Placement {
   bool cuda = false;
   int cuda_device = 0;  // choose_cuda_device's answer (CUDA_VISIBLE_DEVICES applies)
   CommBackendKind backend = CommBackendKind::kMpi;
+  // Every rank's node, as the log's header says it: "ranks 0 (node node1), 1 (node node2)".
+  std::string ranks_by_node;
   std::string describe() const;  // e.g. "GPU 0, nccl"
 };
 

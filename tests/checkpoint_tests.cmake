@@ -18,3 +18,8 @@ foreach(test_name test_checkpoint_kill test_export_tool)
   set_property(TEST ${test_name} APPEND PROPERTY ENVIRONMENT
     "CHECKPOINT_WRITER=$<TARGET_FILE:checkpoint_writer>")
 endforeach()
+
+# When a checkpoint is due (Note [Checkpoint clock]): the step and time rules, the reason named,
+# the clock restarted at every checkpoint.
+hpc_train_add_test(NAME test_checkpoint_cadence SOURCES test_checkpoint_cadence.cpp RANKS 1
+  LIBS hpc_train_core LABELS checkpoint TIMEOUT 60)

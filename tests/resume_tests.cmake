@@ -10,3 +10,15 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_resume_scaler_gpu SCRIPT test_resume_scaler.sh TIMEOUT 300
                             LABELS gpu)
 endif()
+# --checkpoint-every-minutes: checkpoints where rank 0's clock says, every rank following (the
+# files complete, the run bitwise unchanged, a mid-epoch one resumable), none but the epoch
+# ends' with a longer interval, a negative or NaN interval refused before training.
+hpc_train_add_script_test(NAME test_checkpoint_minutes SCRIPT test_checkpoint_minutes.sh
+                          TIMEOUT 600)
+# A restart at a smaller world size keeps the run directory's one history: the resume record,
+# TensorBoard's SessionLog START, hpc_train_report's single history (skipped where no python3
+# has google.protobuf and matplotlib).
+hpc_train_add_script_test(NAME test_resume_history SCRIPT test_resume_history.sh TIMEOUT 400)
+set_tests_properties(test_resume_history PROPERTIES SKIP_RETURN_CODE 77)
+set_property(TEST test_resume_history APPEND PROPERTY ENVIRONMENT
+             "HPC_TRAIN_REPORT=${PROJECT_BINARY_DIR}/hpc_train_report")

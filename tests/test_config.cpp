@@ -142,6 +142,9 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.bucket_mb, 25.0);
   EXPECT_EQ(config.first_bucket_mb, 1.0);
   EXPECT_TRUE(config.overlap_comm);
+  // Checkpoints at epoch ends only, neither by steps nor by time.
+  EXPECT_EQ(config.checkpoint_every, 0);
+  EXPECT_EQ(config.checkpoint_every_minutes, 0.0);
   EXPECT_NO_THROW(validate(config));
 
   const CommandLine command_line = parse({});
@@ -250,6 +253,19 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.run_dir, "runs/my run");
   EXPECT_EQ(c.log_every, 5);
   EXPECT_EQ(c.progress, ProgressStyle::kLines);
+}
+
+// Both checkpoint rules may be given; minutes are a number, fractions included.
+TEST(Config, CheckpointEveryStepsAndMinutes) {
+  const TrainConfig c =
+      parse({"--checkpoint-every", "500", "--checkpoint-every-minutes", "7.5"}).config;
+  EXPECT_EQ(c.checkpoint_every, 500);
+  EXPECT_EQ(c.checkpoint_every_minutes, 7.5);
+  EXPECT_NO_THROW(validate(c));
+  const std::string message = parse_error({"--checkpoint-every-minutes", "half"});
+  EXPECT_NE(message.find("--checkpoint-every-minutes half: expected a number like 0.001"),
+            std::string::npos)
+      << message;
 }
 
 // --resume is a file, or auto: the run directory's newest checkpoint; empty starts afresh.
@@ -394,6 +410,8 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.overlap_comm = false;
   config.data_store = DataStore::kMemory;
   config.data_store_limit_mb = 4096;
+  config.checkpoint_every = 500;
+  config.checkpoint_every_minutes = 0.1 + 0.2;  // needs 17 digits
   const std::string text = to_ini(config);
   EXPECT_EQ(text.rfind("# hpc_train resolved configuration\n", 0), 0u) << text;
   // Sections in order, the new ones after [training].
@@ -409,6 +427,10 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   }
   EXPECT_NE(text.find("drop_last = true\n"), std::string::npos) << text;
   EXPECT_NE(text.find("data_store = memory\ndata_store_limit_mb = 4096\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\n[checkpoint]\ncheckpoint_every = 500\n"
+                      "checkpoint_every_minutes = 0.30000000000000004\n"),
+            std::string::npos)
       << text;
   expect_same(parse({"--config", write("changed.ini", text)}).config, config);
 }
@@ -436,7 +458,8 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--precision TEXT (=fp32)", "--loss-scale X (=0)", "--initial-scale-power N (=16)",
         "--loss-scale-window N (=1000)", "--hysteresis N (=2)", "--min-loss-scale X (=1)",
         "--bucket-mb X (=25)", "--first-bucket-mb X (=1)",
-        "--overlap-comm [=true|false] (=true)"}) {
+        "--overlap-comm [=true|false] (=true)", "Checkpoints [checkpoint]",
+        "--checkpoint-every N (=0)", "--checkpoint-every-minutes X (=0)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
   }
 }
@@ -638,6 +661,13 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
                                                           "least 1"},
       {[](TrainConfig& c) { c.deterministic = c.cudnn_benchmark = true; },
        "--cudnn-benchmark true: cannot be combined with --deterministic"},
+      {[](TrainConfig& c) { c.checkpoint_every = -1; }, "--checkpoint-every -1: must be 0 (off)"},
+      {[](TrainConfig& c) { c.checkpoint_every_minutes = -1; },
+       "--checkpoint-every-minutes -1: must be 0 (off) or a finite number of minutes > 0"},
+      {[](TrainConfig& c) { c.checkpoint_every_minutes = std::nan(""); },
+       "--checkpoint-every-minutes nan:"},
+      {[](TrainConfig& c) { c.checkpoint_every_minutes = std::numeric_limits<double>::infinity(); },
+       "--checkpoint-every-minutes inf:"},
       {[](TrainConfig& c) { c.data_store_limit_mb = -1; }, "--data-store-limit-mb -1: must be 0"},
       {[](TrainConfig& c) { c.data_store_limit_mb = (int64_t{1} << 40) + 1; },
        "--data-store-limit-mb 1099511627777: must be 0"},
@@ -673,6 +703,7 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   edges.warmup_steps = 100;
   edges.schedule_steps = 100;  // a cosine that ends where the warm-up does
   edges.warmup_type = WarmupType::kLog;
+  edges.checkpoint_every_minutes = 1e-9;  // any finite time > 0, however short
   EXPECT_NO_THROW(validate(edges));
   edges.schedule_steps = 0;  // the whole run, resolved by the trainer
   EXPECT_NO_THROW(validate(edges));

@@ -2,8 +2,9 @@
 # hpc_train_report on a real short CPU run: report.png is a PNG of the tool's size whose panels
 # are not blank, report.html embeds it (the same bytes) and lists summary.json and config.ini,
 # and report.json's counts and last values are metrics.jsonl's. A run still being written (an
-# unfinished last line) is drawn; a missing run directory (exit 2), a missing or corrupt
-# metrics.jsonl (exit 3) are refused with a message, writing nothing.
+# unfinished last line) is drawn; the records of runs resumed into the same directory are drawn
+# as one history; a missing run directory (exit 2), a missing or corrupt metrics.jsonl (exit 3)
+# are refused with a message, writing nothing.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 [ -x "$HPC_TRAIN_REPORT" ] || { echo "$HPC_TRAIN_REPORT: missing or not executable"; exit 1; }
@@ -124,6 +125,59 @@ panels = json.load(open("nvml-off/report.json"))["panels"]
 for key in ("gpu_util_pct", "gpu_mem_used_bytes", "gpu_power_w"):
     assert panels[key] == {"points": 0, "note": "not measured", "last_max": None}, panels[key]
 assert panels["gpu_alloc_peak_bytes"]["points"] == 14, panels["gpu_alloc_peak_bytes"]
+PY
+
+# A run directory that resumed runs wrote into (Note [Resume record]): the first run stopped at
+# step 30 by --max-steps (its epoch 1 record at step 30), the second resumed there and ran past
+# epoch 1's end to step 42, where its node was lost, the third resumed from step 37's
+# checkpoint (step 42 redone). One history: steps up to 30 from the first run, 32 and 37 from the
+# second, 42 on from the third; epoch 1 from the second; both restarts named.
+mkdir resumed
+cp run/config.ini resumed/
+"$python" - <<'PY'
+import json
+records = [json.loads(line) for line in open("run/metrics.jsonl")]
+def step_of(r):
+    return r["step"] if r["kind"] == "train" else r["steps"]
+def segment(first, last, offset):
+    out = []
+    for r in records:
+        if r["kind"] in ("train", "epoch") and first < step_of(r) <= last:
+            r = dict(r)
+            r["loss" if r["kind"] == "train" else "train_loss"] = (
+                r.get("loss", r.get("train_loss")) + offset)
+            out.append(r)
+    return out
+def resume(step, redone):
+    return {"kind": "resume", "step": step, "checkpoint": f"resumed/checkpoints/step-{step:08d}.h5",
+            "world_size": 1, "checkpoint_world_size": 2, "steps_redone": redone,
+            "time": "2026-12-06T12:00:00Z"}
+first = segment(0, 30, 0.0)
+first.append({**[r for r in records if r["kind"] == "epoch"][0], "complete": False, "steps": 30,
+              "samples": 30 * (records[0]["samples"] // records[0]["step"])})
+history = first + [resume(30, 0)] + segment(30, 42, 1.0) + [resume(37, 5)] + segment(37, 64, 2.0)
+with open("resumed/metrics.jsonl", "w") as f:
+    for r in history:
+        f.write(json.dumps(r) + "\n")
+PY
+"$python" "$HPC_TRAIN_REPORT" resumed | tee resumed.out
+grep -qF "hpc_train_report: resumed at step 30 from resumed/checkpoints/step-00000030.h5 on 1 rank(s) (saved by 2), 0 step(s) redone" resumed.out
+grep -qF "hpc_train_report: resumed at step 37 from resumed/checkpoints/step-00000037.h5 on 1 rank(s) (saved by 2), 5 step(s) redone" resumed.out
+"$python" - <<'PY'
+import json
+report = json.load(open("resumed/report.json"))
+records = [json.loads(line) for line in open("run/metrics.jsonl")]
+train = [r for r in records if r["kind"] == "train"]
+epochs = [r for r in records if r["kind"] == "epoch"]
+panels = report["panels"]
+# 5, 10, ..., 30 | 32, 37 | 42, ..., 64: each logged step once, as in the uninterrupted run.
+assert panels["loss"]["train_points"] == len(train) == 14, panels["loss"]
+assert panels["loss"]["last_train_loss"] == train[-1]["loss"] + 2.0, panels["loss"]
+assert panels["loss"]["test_points"] == 2, panels["loss"]
+assert panels["test_accuracy"] == {"points": 2, "last": epochs[-1]["test_accuracy"]}, panels
+assert [(r["step"], r["steps_redone"]) for r in report["resumes"]] == [(30, 0), (37, 5)], report
+page = open("resumed/report.html").read()
+assert "resumed at step 37 from resumed/checkpoints/step-00000037.h5" in page
 PY
 
 # Refusals, each with a message and nothing written.

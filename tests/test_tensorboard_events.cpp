@@ -1,6 +1,7 @@
-// The monitors' writers on known bytes: CRC-32C against RFC 3720's test vectors, an Event
-// protobuf spelt out byte by byte from event.proto's and summary.proto's field numbers, the
-// TFRecord framing, the event file's name and first record, and DeepSpeed's CSV layout.
+// The monitors' writers on known bytes: CRC-32C against RFC 3720's test vectors, Event
+// protobufs (a scalar, a SessionLog START) spelt out byte by byte from event.proto's and
+// summary.proto's field numbers, the TFRecord framing, the event file's name and first record,
+// and DeepSpeed's CSV layout.
 // tests/test_tensorboard_run.sh reads a real run's files with an independent reader.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -101,6 +102,20 @@ TEST(TensorBoardEvents, LargeStepIsAVarint) {
 TEST(TensorBoardEvents, FileVersionEventBytes) {
   const std::string expected = bytes({0x09, 0, 0, 0, 0, 0, 0, 0, 0, 0x1a, 13}) + "brain.Event:2";
   EXPECT_EQ(event_file_version(0.0), expected);
+}
+
+TEST(TensorBoardEvents, SessionStartEventBytes) {
+  // Event{wall_time=1.0, step=73, session_log=SessionLog{status=START, checkpoint_path="c.h5",
+  // msg="m"}}: event.proto's Event.session_log = 7, SessionLog's status = 1 (START = 1),
+  // checkpoint_path = 2, msg = 3.
+  const std::string expected =
+      bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f,  // field 1, fixed64: 1.0
+             0x10, 73,                             // field 2, varint: 73
+             0x3a, 0x0b,                           // field 7, 11 bytes: SessionLog
+             0x08, 0x01,                           //   field 1, varint: START
+             0x12, 0x04, 'c', '.', 'h', '5',       //   field 2: checkpoint_path
+             0x1a, 0x01, 'm'});                    //   field 3: msg
+  EXPECT_EQ(event_session_start(1.0, 73, "c.h5", "m"), expected);
 }
 
 TEST(TensorBoardEvents, TfRecordFraming) {

@@ -181,7 +181,10 @@ const OptionSpec kOptions[] = {
     {"cuda-profiler-steps", "runtime", &TrainConfig::cuda_profiler_steps,
      "steps the CUDA profiler's capture lasts"},
     {"checkpoint-every", "checkpoint", &TrainConfig::checkpoint_every,
-     "steps between checkpoints; 0 = at epoch ends only"},
+     "steps between checkpoints; 0 = off"},
+    {"checkpoint-every-minutes", "checkpoint", &TrainConfig::checkpoint_every_minutes,
+     "wall-clock minutes between checkpoints, by rank 0's clock since the last checkpoint "
+     "written; 0 = off. Either rule being due writes one"},
     {"checkpoint-epochs", "checkpoint", &TrainConfig::checkpoint_epochs,
      "write a checkpoint at the end of every epoch"},
     {"keep-checkpoints", "checkpoint", &TrainConfig::keep_checkpoints,
@@ -745,7 +748,10 @@ void validate(const TrainConfig& c) {
   require(!(c.deterministic && c.cudnn_benchmark), "cudnn-benchmark", c.cudnn_benchmark,
           "cannot be combined with --deterministic (autotuning picks algorithms by timing)");
   require(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every,
-          "must be 0 (epoch ends only) or a number of steps");
+          "must be 0 (off) or a number of steps");
+  require(std::isfinite(c.checkpoint_every_minutes) && c.checkpoint_every_minutes >= 0,
+          "checkpoint-every-minutes", c.checkpoint_every_minutes,
+          "must be 0 (off) or a finite number of minutes > 0, e.g. 30");
   require(c.keep_checkpoints >= 0, "keep-checkpoints", c.keep_checkpoints,
           "must be 0 (keep all) or more");
   require(c.export_weights.empty() || (c.export_weights.size() > 12 &&

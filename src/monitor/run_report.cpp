@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/data/sample_store.h"
@@ -41,6 +43,7 @@ nlohmann::json TrainSummary::to_json() const {
           {"mfu", mfu},
           {"peak_allocated_bytes_per_rank", peak_allocated_bytes_per_rank},
           {"resumed_from", resumed_from},
+          {"steps_redone", steps_redone},
           {"last_checkpoint", last_checkpoint},
           {"stopped_by", stop_signal != 0 ? stop_signal_name(stop_signal) : ""},
           {"data_store",
@@ -201,6 +204,37 @@ std::vector<ScalarEvent> epoch_events(const EpochReport& r) {
           {"Test/Samples/test_accuracy", r.test.accuracy, step}};
 }
 
+int64_t highest_logged_step(const std::string& path) {
+  std::ifstream in(path);
+  int64_t highest = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object()) continue;  // not JSON (parse's "discarded" value) or not a record
+    const auto kind = record.find("kind");
+    const auto step = record.find("step");
+    if (kind == record.end() || *kind != "train" || step == record.end() ||
+        !step->is_number_integer())
+      continue;
+    highest = std::max(highest, step->get<int64_t>());
+  }
+  return highest;
+}
+
+namespace {
+
+// "2026-12-04T15:14:00Z": now, in UTC (ISO 8601).
+std::string utc_time_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+}  // namespace
+
 RunReporter::RunReporter(const TrainerOutput& output, int rank)
     : printing_(output.print && rank == 0), progress_bar_(output.progress_bar) {
   if (rank != 0) return;
@@ -304,6 +338,30 @@ void RunReporter::epoch(const EpochReport& r) {
       r.at.epoch + 1, r.at.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s,
       r.train_loss, r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
       static_cast<long long>(r.test.samples));
+}
+
+void RunReporter::resumed(const ResumeReport& r) {
+  const int64_t step = r.at.global_step;
+  // Note [Resume record]: metrics_ writes on rank 0 only, where the earlier records are read.
+  if (!metrics_.path().empty())
+    steps_redone_ = std::max<int64_t>(0, highest_logged_step(metrics_.path()) - step);
+  metrics_.write({{"kind", "resume"},
+                  {"step", step},
+                  {"checkpoint", r.checkpoint},
+                  {"world_size", r.world_size},
+                  {"checkpoint_world_size", r.checkpoint_world_size},
+                  {"steps_redone", steps_redone_},
+                  {"time", utc_time_now()}});
+  // Note [Resume in TensorBoard]
+  tensorboard_.session_start(r.at.samples_seen() + 1, r.checkpoint,
+                             "resumed at step " + std::to_string(step) + " on " +
+                                 std::to_string(r.world_size) + " rank(s)");
+  // The line's head is what scripts grep (tests/test_resume.sh); the redone steps come last.
+  say("Resumed from %s: step %lld, epoch %lld, %lld samples into it (saved by %d rank(s), "
+      "continuing on %d); %lld step(s) logged after it are redone\n",
+      r.checkpoint.c_str(), static_cast<long long>(step), static_cast<long long>(r.at.epoch + 1),
+      static_cast<long long>(r.samples_in_epoch), r.checkpoint_world_size, r.world_size,
+      static_cast<long long>(steps_redone_));
 }
 
 void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Communicator& comm) {

@@ -28,9 +28,14 @@ constexpr uint32_t kEventWallTime = 1;     // double
 constexpr uint32_t kEventStep = 2;         // int64
 constexpr uint32_t kEventFileVersion = 3;  // string
 constexpr uint32_t kEventSummary = 5;      // Summary
+constexpr uint32_t kEventSessionLog = 7;   // SessionLog
 constexpr uint32_t kSummaryValue = 1;      // repeated Summary.Value
 constexpr uint32_t kValueTag = 1;          // string
 constexpr uint32_t kValueSimpleValue = 2;  // float
+constexpr uint32_t kSessionLogStatus = 1;          // enum SessionStatus
+constexpr uint32_t kSessionLogCheckpointPath = 2;  // string
+constexpr uint32_t kSessionLogMessage = 3;         // string
+constexpr uint64_t kSessionStatusStart = 1;        // SessionLog.START
 
 const std::array<uint32_t, 256>& crc32c_table() {
   static const std::array<uint32_t, 256> table = [] {
@@ -77,7 +82,7 @@ void put_float(std::string& out, uint32_t field, float value) {
   append_little_endian(out, bits);
 }
 
-// Event's wall_time and step; the caller adds file_version or summary.
+// Event's wall_time and step; the caller adds file_version, summary or session_log.
 std::string event_header(double wall_time_s, int64_t step) {
   std::string event;
   put_double(event, kEventWallTime, wall_time_s);
@@ -141,6 +146,18 @@ std::string event_scalar(double wall_time_s, int64_t step, const std::string& ta
   return event;
 }
 
+std::string event_session_start(double wall_time_s, int64_t step,
+                                const std::string& checkpoint_path, const std::string& message) {
+  std::string session_log;
+  put_key(session_log, kSessionLogStatus, kVarint);
+  put_varint(session_log, kSessionStatusStart);
+  if (!checkpoint_path.empty()) put_bytes(session_log, kSessionLogCheckpointPath, checkpoint_path);
+  if (!message.empty()) put_bytes(session_log, kSessionLogMessage, message);
+  std::string event = event_header(wall_time_s, step);
+  put_bytes(event, kEventSessionLog, session_log);
+  return event;
+}
+
 TensorBoardWriter::TensorBoardWriter(const std::string& directory) {
   std::error_code error;
   std::filesystem::create_directories(directory, error);
@@ -170,6 +187,14 @@ void TensorBoardWriter::write(const std::vector<ScalarEvent>& events) {
     records +=
         tfrecord(event_scalar(now_s, event.step, event.tag, static_cast<float>(event.value)));
   out_ << records;
+  out_.flush();
+  if (!out_) throw Error("cannot write to " + path_);
+}
+
+void TensorBoardWriter::session_start(int64_t step, const std::string& checkpoint_path,
+                                      const std::string& message) {
+  if (path_.empty()) return;
+  out_ << tfrecord(event_session_start(wall_time_now_s(), step, checkpoint_path, message));
   out_.flush();
   if (!out_) throw Error("cannot write to " + path_);
 }

@@ -2,7 +2,8 @@
 """hpc_train_report RUN_DIR: a picture of a run (README, "Watching a run").
 
 Reads RUN_DIR/metrics.jsonl (the "train" record of each log interval, the "epoch" record of
-each epoch: src/monitor/run_report.cpp) and, when there, summary.json and config.ini; writes
+each epoch, the "resume" record of each restart from a checkpoint: src/monitor/run_report.cpp)
+and, when there, summary.json and config.ini; writes
 RUN_DIR/report.png (the panels), RUN_DIR/report.html (the picture, embedded, with the summary's
 figures and the configuration) and RUN_DIR/report.json (what each panel plotted: its points and
 last values, for scripts and tests). Works on a run still going (the files so far).
@@ -75,10 +76,32 @@ def number(path, line, record, key, required=True):
     return value
 
 
+def one_history(metrics_path, records):
+    """The train, epoch and resume records as one run's history (Note [Resume record] in
+    include/hpc_train/monitor/run_report.h): a resume record at step S drops the earlier train
+    and epoch records past S, which the resumed run trained again and logs anew; a later record
+    of an epoch replaces an earlier one (an epoch that --max-steps stopped, which a resumed run
+    finished). Each as (line, record)."""
+    train, epochs, resumes = [], [], []
+    for n, r in records:
+        if r["kind"] == "resume":
+            step = number(metrics_path, n, r, "step")
+            train = [(m, t) for m, t in train if t["step"] <= step]
+            epochs = [(m, e) for m, e in epochs if e["steps"] <= step]
+            resumes.append((n, r))
+        elif r["kind"] == "train":
+            number(metrics_path, n, r, "step")
+            train.append((n, r))
+        elif r["kind"] == "epoch":
+            epoch = number(metrics_path, n, r, "epoch")
+            number(metrics_path, n, r, "steps")
+            epochs = [(m, e) for m, e in epochs if e["epoch"] != epoch] + [(n, r)]
+    return train, epochs, resumes
+
+
 def extract(metrics_path, records):
     """The series of each panel."""
-    train = [(n, r) for n, r in records if r["kind"] == "train"]
-    epochs = [(n, r) for n, r in records if r["kind"] == "epoch"]
+    train, epochs, resumes = one_history(metrics_path, records)
     if not train:
         raise ReportError(DATA_ERROR, f"{metrics_path}: no \"train\" record yet "
                                       f"({len(records)} record(s)); nothing to plot")
@@ -108,7 +131,34 @@ def extract(metrics_path, records):
             if low is not None and high is not None:
                 points.append((number(metrics_path, n, r, "step"), low, high))
         s["gpu"][key] = points
+    s["resumes"] = [{"step": number(metrics_path, n, r, "step"),
+                     "checkpoint": r.get("checkpoint"),
+                     "world_size": number(metrics_path, n, r, "world_size"),
+                     "checkpoint_world_size": number(metrics_path, n, r, "checkpoint_world_size",
+                                                     required=False),
+                     "steps_redone": number(metrics_path, n, r, "steps_redone", required=False),
+                     "time": r.get("time")}
+                    for n, r in resumes]
     return s
+
+
+def describe_resume(resume):
+    """'resumed at step 6 from RUN/checkpoints/step-00000006.h5 on 2 rank(s) (saved by 3), 2
+    step(s) redone'"""
+    text = f"resumed at step {resume['step']} from {resume['checkpoint']} on " \
+           f"{resume['world_size']} rank(s)"
+    if resume["checkpoint_world_size"] is not None:
+        text += f" (saved by {resume['checkpoint_world_size']})"
+    if resume["steps_redone"] is not None:
+        text += f", {resume['steps_redone']} step(s) redone"
+    return text
+
+
+def mark_resumes(ax, resumes, label=False):
+    """A vertical line at each restart's step, on a panel over optimizer steps."""
+    for i, resume in enumerate(resumes):
+        ax.axvline(resume["step"], color="grey", linestyle="--", linewidth=1,
+                   label="resumed from a checkpoint" if label and i == 0 else None)
 
 
 def read_summary(run_dir):
@@ -149,6 +199,7 @@ def plot(s, title, png_path):
     ax.plot(steps, s["loss"], marker=".", label="train loss (log interval)")
     if s["epoch_step"]:
         ax.plot(s["epoch_step"], s["test_loss"], marker="o", label="test loss (epoch)")
+    mark_resumes(ax, s["resumes"], label=True)
     ax.set_title("Loss")
     ax.set_xlabel("optimizer step")
     ax.legend()
@@ -169,6 +220,7 @@ def plot(s, title, png_path):
 
     ax = axes[1][0]
     ax.plot(steps, s["samples_per_s"], marker=".")
+    mark_resumes(ax, s["resumes"])
     ax.set_title("Throughput (samples/s, all ranks)")
     ax.set_xlabel("optimizer step")
     ax.set_ylim(bottom=0)
@@ -178,6 +230,7 @@ def plot(s, title, png_path):
     layers = [(label, s["phases"][key]) for key, label in PHASES if key in s["phases"]]
     layers.append(("other (untimed)", s["other_ms"]))
     ax.stackplot(steps, *[values for _, values in layers], labels=[l for l, _ in layers])
+    mark_resumes(ax, s["resumes"])
     ax.set_title("Step time breakdown (ms per step, rank 0)")
     ax.set_xlabel("optimizer step")
     ax.legend(loc="upper right", fontsize="small")
@@ -197,6 +250,7 @@ def plot(s, title, png_path):
                             alpha=0.3)
             ax.plot(x, [p[1] * scale for p in points], label="min")
             ax.plot(x, [p[2] * scale for p in points], label="max")
+            mark_resumes(ax, s["resumes"])
             ax.set_xlabel("optimizer step")
             ax.legend()
             note = None
@@ -233,7 +287,7 @@ def write_atomically(path, write):
         raise
 
 
-def write_html(run_dir, png_path, summary, title):
+def write_html(run_dir, png_path, summary, title, resumes):
     with open(png_path, "rb") as f:
         png_base64 = base64.b64encode(f.read()).decode("ascii")
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>\n"
@@ -243,13 +297,16 @@ def write_html(run_dir, png_path, summary, title):
     if os.path.isfile(config_path):
         with open(config_path, errors="replace") as f:
             config = f.read()
+    restarts = "".join(f"<p>{html.escape(r['time'] or '')} {html.escape(describe_resume(r))}</p>\n"
+                       for r in resumes)
     page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
             "</title>\n<style>body{font-family:sans-serif} td{padding:0 1em 0 0}"
             " img{max-width:100%}</style></head><body>\n"
             f"<h1>{html.escape(title)}</h1>\n"
             "<a href=\"report.png\"><img alt=\"report.png\" "
             f"src=\"data:image/png;base64,{png_base64}\"></a>\n"
-            "<h2>summary.json</h2>\n"
+            + restarts
+            + "<h2>summary.json</h2>\n"
             + (f"<table>\n{rows}</table>\n" if summary is not None
                else "<p>No summary.json yet (the run has not ended).</p>\n")
             + "<h2>config.ini</h2>\n"
@@ -298,14 +355,16 @@ def main(argv):
                       f"rank(s), {summary.get('epochs_completed', '?')} epoch(s)")
         png_path = os.path.join(run_dir, "report.png")
         plotted, image = plot(series, title, png_path)
-        write_html(run_dir, png_path, summary, title)
+        write_html(run_dir, png_path, summary, title, series["resumes"])
         report = {"metrics": metrics_path, "image": image, "panels": plotted,
-                  "summary": summary is not None}
+                  "resumes": series["resumes"], "summary": summary is not None}
         write_atomically(os.path.join(run_dir, "report.json"),
                          lambda f: f.write((json.dumps(report, indent=1) + "\n").encode()))
     except ReportError as e:
         print(f"hpc_train_report: {e}", file=sys.stderr)
         return e.code
+    for resume in series["resumes"]:
+        print(f"hpc_train_report: {describe_resume(resume)}")
     print(f"hpc_train_report: wrote {png_path}, {os.path.join(run_dir, 'report.html')} "
           f"and report.json ({len(series['step'])} log intervals, {len(series['epoch'])} epochs)")
     return 0

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <future>
 #include <optional>
+#include <vector>
 
 #include "hpc_train/io/checkpoint.h"
 #include "hpc_train/comm/comm.h"
@@ -18,6 +19,7 @@
 #include "hpc_train/data/epoch_batches.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/data/sample_store.h"
+#include "hpc_train/train/checkpoint_cadence.h"
 #include "hpc_train/train/cross_entropy.h"
 #include "hpc_train/train/evaluation.h"
 #include "hpc_train/error.h"
@@ -332,11 +334,19 @@ struct Trainer::Impl {
     return loss;
   }
 
-  // SIGUSR1/SIGTERM on any rank, agreed by all (stop_signal.h); 0 = go on. Collective.
-  int agreed_stop_signal() {
-    const int local = stop_signal_received();
-    if (comm.size() == 1) return local;
-    return static_cast<int>(comm.all_reduce_count(local, ReduceOp::kMax));
+  // What the ranks decide alike after a step, from one collective: a stop signal on any rank
+  // (stop_signal.h; 0 = go on), and whether rank 0's checkpoint clock has run out (Note
+  // [Checkpoint clock] in checkpoint_cadence.h).
+  struct AfterStep {
+    int stop_signal = 0;
+    bool checkpoint_minutes_elapsed = false;
+  };
+  AfterStep agree_after_step(const CheckpointCadence& cadence) {
+    // The maximum over the ranks: any rank's signal; rank 0's clock, the others answering 0.
+    std::vector<double> local = {static_cast<double>(stop_signal_received()),
+                                 comm.rank() == 0 && cadence.minutes_elapsed() ? 1.0 : 0.0};
+    if (comm.size() > 1) comm.all_reduce_doubles(local, ReduceOp::kMax, "after step");
+    return {static_cast<int>(local[0]), local[1] > 0};
   }
 
   // A checkpoint's position at this run's micro-batch and accumulation (Note [Resume position]).
@@ -367,6 +377,7 @@ struct Trainer::Impl {
     reporter.run_start(run_start);
     TrainSummary summary = starting_summary(run_start);
     summary.resumed_from = resumed_from;
+    summary.steps_redone = reporter.steps_redone();  // Note [Resume record]
     summary.data_store = to_string(config.data_store);
     // Note [Step position]: the run's constants; after() places each step.
     StepPosition run_steps;
@@ -393,6 +404,7 @@ struct Trainer::Impl {
                                      placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
     StorageReadClock storage_reads;
+    CheckpointCadence checkpoint_cadence(config.checkpoint_every, config.checkpoint_every_minutes);
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
@@ -484,15 +496,19 @@ struct Trainer::Impl {
         auto here = [&] {
           return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
         };
-        summary.stop_signal = agreed_stop_signal();
+        const AfterStep agreed = agree_after_step(checkpoint_cadence);
+        summary.stop_signal = agreed.stop_signal;
         if (summary.stop_signal != 0) {
           summary.last_checkpoint = checkpoints->save(here(), stop_signal_name(summary.stop_signal),
                                                       RunCheckpoints::Write::kNow);
           break;
         }
-        if (config.checkpoint_every > 0 && global_step % config.checkpoint_every == 0)
+        if (const char* why =
+                checkpoint_cadence.due(global_step, agreed.checkpoint_minutes_elapsed)) {
           summary.last_checkpoint =
-              checkpoints->save(here(), "periodic", RunCheckpoints::Write::kBackground);
+              checkpoints->save(here(), why, RunCheckpoints::Write::kBackground);
+          checkpoint_cadence.checkpoint_written();
+        }
         if (reached_max_steps) break;
       }
       // Micro-steps of an accumulation that carries over into the next epoch.
@@ -528,6 +544,7 @@ struct Trainer::Impl {
                 : position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
         summary.last_checkpoint = checkpoints->save(
             here, ended.complete ? "epoch end" : "max steps", RunCheckpoints::Write::kBackground);
+        checkpoint_cadence.checkpoint_written();
       }
     }
     checkpoints->wait_for_writes();  // Note [Background checkpoint writes]

@@ -244,11 +244,15 @@ TrainingPosition RunCheckpoints::resume(const std::string& path) {
   // saving run's (or keep its global batch).
   if (start.samples_in_epoch < 0)
     start.samples_in_epoch = start.micro_steps_in_epoch * config_.micro_batch * comm_.size();
-  reporter_.say("Resumed from %s: step %lld, epoch %lld, %lld samples into it (saved by %d "
-                "rank(s), continuing on %d)\n",
-                path.c_str(), static_cast<long long>(c.position.global_step),
-                static_cast<long long>(c.position.epoch + 1),
-                static_cast<long long>(start.samples_in_epoch), c.world_size, comm_.size());
+  ResumeReport resumed;  // Note [Resume record] (run_report.h)
+  resumed.checkpoint = path;
+  resumed.at.epoch = static_cast<int>(c.position.epoch);
+  resumed.at.global_step = c.position.global_step;
+  resumed.at.global_batch = int64_t{config_.micro_batch} * config_.grad_accum * comm_.size();
+  resumed.samples_in_epoch = start.samples_in_epoch;
+  resumed.world_size = comm_.size();
+  resumed.checkpoint_world_size = c.world_size;
+  reporter_.resumed(resumed);
   return start;
 }
 

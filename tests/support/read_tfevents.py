@@ -7,9 +7,18 @@ messages are parsed by the protobuf library (Debian's python3-protobuf) from a d
 here from the field numbers of tensorflow/core/util/event.proto and
 tensorflow/core/framework/summary.proto.
 
-    read_tfevents.py events RUN_DIR TB_DIR            events match RUN_DIR/metrics.jsonl
+    read_tfevents.py events RUN_DIR TB_DIR [HOST]     events match RUN_DIR/metrics.jsonl; the
+                                                      files are named after HOST, rank 0's
+                                                      (default: this machine)
     read_tfevents.py csv RUN_DIR CSV_DIR              CSV files match RUN_DIR/metrics.jsonl
 Exit 0 when everything matches; an AssertionError names what does not.
+
+A run directory that resumed runs wrote into (Note [Resume record] in
+include/hpc_train/monitor/run_report.h) has one event file per run: each resumed run's starts
+with a SessionLog START at the resume record's step in samples seen, plus one (Note [Resume in
+TensorBoard]). The events are merged as TensorBoard's loader merges them (a START drops the
+earlier events at its step or later) and compared with metrics.jsonl's history, in which a
+resume record drops the earlier records past its step.
 """
 import glob
 import json
@@ -48,7 +57,11 @@ def message_classes():
     summary = file.message_type.add(name="Summary")
     value = summary.nested_type.add(name="Value")
     value.field.add(name="tag", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL)
+    # In summary.proto's `oneof value`: present when set, 0.0 included (a proto3 field outside a
+    # oneof would drop a 0.0 when serialised again).
+    value.oneof_decl.add(name="value")
+    value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL,
+                    oneof_index=0)
     summary.field.add(name="value", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
                       type_name=".tensorflow.Summary.Value")
     event = file.message_type.add(name="Event")
@@ -57,6 +70,17 @@ def message_classes():
     event.field.add(name="file_version", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     event.field.add(name="summary", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
                     type_name=".tensorflow.Summary")
+    session_log = file.message_type.add(name="SessionLog")
+    status = session_log.enum_type.add(name="SessionStatus")
+    for name, value in (("STATUS_UNSPECIFIED", 0), ("START", 1), ("STOP", 2), ("CHECKPOINT", 3)):
+        status.value.add(name=name, number=value)
+    session_log.field.add(name="status", number=1, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL,
+                          type_name=".tensorflow.SessionLog.SessionStatus")
+    session_log.field.add(name="checkpoint_path", number=2, type=F.TYPE_STRING,
+                          label=F.LABEL_OPTIONAL)
+    session_log.field.add(name="msg", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    event.field.add(name="session_log", number=7, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".tensorflow.SessionLog")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     event_descriptor = pool.FindMessageTypeByName("tensorflow.Event")
@@ -87,13 +111,33 @@ def float32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+START = 1  # SessionLog.START
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def global_batch_of(records):
+    """The samples an optimizer step takes, the same in every train record."""
+    train = [r for r in records if r["kind"] == "train"]
+    assert train, "metrics.jsonl has no train record"
+    global_batch = train[0]["samples"] // train[0]["step"]
+    for r in train:
+        # DeepSpeed's x axis: samples seen = steps x the global batch.
+        assert r["samples"] > 0 and r["samples"] == r["step"] * global_batch, r
+    return global_batch
+
+
 def expected_scalars(run_dir):
-    """(tag, step) -> value, from metrics.jsonl, with the names of Note [Monitor tags]."""
-    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    """(tag, step) -> value, from metrics.jsonl, with the names of Note [Monitor tags]; a
+    resume record drops the earlier values past its step."""
+    records = read_metrics(run_dir)
     expected = {}
     train = [r for r in records if r["kind"] == "train"]
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert train and epochs, f"metrics.jsonl has {len(train)} train and {len(epochs)} epoch records"
+    global_batch = global_batch_of(records)
     names = {"loss": "train_loss", "lr": "lr", "samples_per_s": "samples_per_s",
              "ms_per_step": "ms_per_step", "data_wait_ms": "elapsed_time_ms_data_wait",
              "forward_ms": "elapsed_time_ms_forward", "backward_ms": "elapsed_time_ms_backward",
@@ -103,12 +147,17 @@ def expected_scalars(run_dir):
               "busbw_gb_s"}
     config = open(os.path.join(run_dir, "config.ini")).read()
     fp16 = re.search(r"^precision = fp16$", config, re.M) is not None
-    global_batch = None
-    for r in train:
-        # DeepSpeed's x axis: samples seen = steps x the global batch.
-        assert r["samples"] > 0 and r["samples"] % r["step"] == 0, r
-        global_batch = global_batch or r["samples"] // r["step"]
-        assert r["samples"] == r["step"] * global_batch, r
+    for r in records:
+        if r["kind"] == "resume":
+            last = r["step"] * global_batch
+            expected = {key: value for key, value in expected.items() if key[1] <= last}
+        elif r["kind"] == "epoch":
+            assert r["samples"] == r["steps"] * global_batch, r
+            expected[("Train/Samples/epoch_train_loss", r["samples"])] = r["train_loss"]
+            expected[("Test/Samples/test_loss", r["samples"])] = r["test_loss"]
+            expected[("Test/Samples/test_accuracy", r["samples"])] = r["test_accuracy"]
+        if r["kind"] != "train":
+            continue
         for key, name in names.items():
             # The host-timed phases only from intervals with eager steps (not CUDA-graph replays).
             if key in phases and r["phase_timed_steps"] == 0:
@@ -121,23 +170,16 @@ def expected_scalars(run_dir):
         for key, value in r.items():
             if key.startswith("gpu_") and value is not None:
                 expected[("Train/Samples/" + key, r["samples"])] = value
-    for r in epochs:
-        assert r["samples"] == r["steps"] * global_batch, r
-        expected[("Train/Samples/epoch_train_loss", r["samples"])] = r["train_loss"]
-        expected[("Test/Samples/test_loss", r["samples"])] = r["test_loss"]
-        expected[("Test/Samples/test_accuracy", r["samples"])] = r["test_accuracy"]
     return expected
 
 
-def check_events(run_dir, tb_dir):
-    files = glob.glob(os.path.join(tb_dir, "events.out.tfevents.*"))
-    assert len(files) == 1, f"{tb_dir}: event files {files}"
-    name = os.path.basename(files[0])
+def read_events(path, Event, host):
+    name = os.path.basename(path)
     match = re.fullmatch(r"events\.out\.tfevents\.(\d+)\.(.+)", name)
-    assert match and match.group(2) == socket.gethostname(), name
-    Event = message_classes()
+    # The host's name, and the pid after it when a writer of the same second had the name.
+    assert match and (match.group(2) == host or match.group(2).startswith(host + ".")), name
     events = []
-    for body in read_records(files[0]):
+    for body in read_records(path):
         event = Event()
         event.ParseFromString(body)
         # Every byte understood: re-serialising gives the same length (no unknown fields).
@@ -146,14 +188,39 @@ def check_events(run_dir, tb_dir):
     assert events[0].file_version == "brain.Event:2", events[0]
     assert abs(events[0].wall_time - int(match.group(1))) < 2, (events[0].wall_time, name)
     wall_times = [e.wall_time for e in events]
-    assert wall_times == sorted(wall_times), "wall times go back"
+    assert wall_times == sorted(wall_times), f"{path}: wall times go back"
+    return events
+
+
+def check_events(run_dir, tb_dir, host):
+    # TensorBoard reads a folder's files in the order of their names (their start times).
+    files = sorted(glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")))
+    records = read_metrics(run_dir)
+    resumes = [r for r in records if r["kind"] == "resume"]
+    assert len(files) == 1 + len(resumes), f"{tb_dir}: event files {files}, {len(resumes)} resumes"
+    Event = message_classes()
     got = {}
-    for event in events[1:]:
-        assert len(event.summary.value) == 1, event
-        value = event.summary.value[0]
-        key = (value.tag, event.step)
-        assert key not in got, f"{key} twice"
-        got[key] = value.simple_value
+    count = 0
+    for index, path in enumerate(files):
+        events = read_events(path, Event, host)
+        count += len(events)
+        if index > 0:
+            # Note [Resume in TensorBoard]: the resumed run's first event after the version.
+            start, resume = events[1], resumes[index - 1]
+            assert start.session_log.status == START, start
+            step = resume["step"] * global_batch_of(records) + 1
+            assert start.step == step and start.session_log.checkpoint_path == resume["checkpoint"], \
+                (start, resume)
+            print(f"{path}: START at step {start.step} ({start.session_log.msg})")
+            # TensorBoard's purge of orphaned data: the events at the START's step or later.
+            got = {key: value for key, value in got.items() if key[1] < start.step}
+            events = events[1:]
+        for event in events[1:]:
+            assert len(event.summary.value) == 1, event
+            value = event.summary.value[0]
+            key = (value.tag, event.step)
+            assert key not in got, f"{key} twice"
+            got[key] = value.simple_value
     expected = expected_scalars(run_dir)
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
@@ -161,7 +228,7 @@ def check_events(run_dir, tb_dir):
     for key, value in expected.items():
         assert got[key] == float32(value), f"{key}: {got[key]} in the events, {value} in metrics"
     tags = sorted({tag for tag, _ in got})
-    print(f"{files[0]}: {len(events)} events, {len(tags)} tags, steps "
+    print(f"{', '.join(files)}: {count} events, {len(tags)} tags, steps "
           f"{min(s for _, s in got)}..{max(s for _, s in got)}; all match metrics.jsonl")
     print("tags:", ", ".join(tags))
 
@@ -186,4 +253,7 @@ def check_csv(run_dir, csv_dir):
 
 if __name__ == "__main__":
     mode, run_dir, directory = sys.argv[1:4]
-    {"events": check_events, "csv": check_csv}[mode](run_dir, directory)
+    if mode == "events":
+        check_events(run_dir, directory, sys.argv[4] if len(sys.argv) > 4 else socket.gethostname())
+    else:
+        check_csv(run_dir, directory)

@@ -98,7 +98,11 @@ struct TrainConfig {
   int64_t cuda_profiler_steps = 1;
 
   // [checkpoint]
-  int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = epoch ends only
+  int64_t checkpoint_every = 0;   // --checkpoint-every: steps between checkpoints; 0 = off
+  // --checkpoint-every-minutes: wall-clock minutes between checkpoints, rank 0's clock since the
+  // last checkpoint written or the run's start (Note [Checkpoint clock] in
+  // checkpoint_cadence.h); 0 = off. With --checkpoint-every, whichever rule is due writes one.
+  double checkpoint_every_minutes = 0.0;
   bool checkpoint_epochs = true;  // --checkpoint-epochs: also write one at every epoch end
   int keep_checkpoints = 3;       // --keep-checkpoints: newest kept; 0 = keep all
   std::string resume;             // --resume auto|FILE: auto = newest in the run dir, if any; empty = fresh start

@@ -40,6 +40,7 @@ class JsonlWriter {
   JsonlWriter() = default;
   explicit JsonlWriter(const std::string& path);
   void write(const nlohmann::json& record);
+  const std::string& path() const { return path_; }  // empty for a writer that drops
 
  private:
   std::string path_;

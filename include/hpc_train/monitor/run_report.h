@@ -80,6 +80,7 @@ struct TrainSummary {
   std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
   StorageReadsByRank storage_reads;  // from the first epoch's start to the end (storage_io.h)
   std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
+  int64_t steps_redone = 0;       // logged after resumed_from, trained again: Note [Resume record]
   std::string last_checkpoint;    // the last checkpoint written; empty = none
   int stop_signal = 0;            // SIGUSR1/SIGTERM that stopped the run after a checkpoint; 0 = ran to the end
   std::string data_store = "file";  // --data-store
@@ -252,6 +253,41 @@ struct EpochReport {
   double loss_scale = 1.0;
 };
 
+// Note [Resume record]
+// A run resumed from a checkpoint (--resume) writes into the run directory that the earlier
+// runs wrote: it appends to metrics.jsonl and adds an event file to the TensorBoard folder, so
+// that the directory keeps one history across restarts (an elastic supervisor's at a smaller
+// world size, a requeued job's). The earlier runs may have logged steps after the checkpoint,
+// which this run trains again: the cost of the restart. So before its first train record rank
+// 0 writes a "resume" record: the checkpoint and its step, the world size that wrote it and
+// this run's, and steps_redone, the highest step of the earlier train records minus the
+// checkpoint's (never below 0). The log line and summary.json (resumed_from, steps_redone) say
+// the same. hpc_train_report takes the train and epoch records after a resume record as
+// replacing the earlier ones past its step.
+//
+// Note [Resume in TensorBoard]
+// The resumed run's event file starts with a SessionLog START at the checkpoint's samples seen
+// (the scalars' step, Note [Monitor tags]) plus one. TensorBoard's event loader (its
+// purge_orphaned_data, on by default) then drops the earlier files' events at that step or
+// later: the steps this run trains again. Plus one, because it drops the events at the START's
+// step too, and the checkpoint step's own (its log interval, an epoch's evaluation) are not
+// written again. TensorBoard's Rust data server ignores SessionLog, but drops a series' points
+// at or after the step of a later point, which the resumed run's first points are.
+
+// A resumed run's start (RunCheckpoints::resume fills it).
+struct ResumeReport {
+  std::string checkpoint;         // the file resumed from
+  StepPosition at;                // the checkpoint's step and epoch, at this run's global batch
+  int64_t samples_in_epoch = 0;   // where the epoch goes on (Note [Resume position])
+  int world_size = 1;             // this run's
+  int checkpoint_world_size = 1;  // the run's that wrote the checkpoint
+};
+
+// The highest "step" of the "train" records in the metrics.jsonl at `path`; 0 when there is
+// none (no file, no train record). Lines that are not such a record (a last line that a killed
+// run left half written) are passed over.
+int64_t highest_logged_step(const std::string& path);
+
 // Rank 0's voice: metrics.jsonl records and stdout (log lines, or the progress bar when
 // output.progress_bar). On other ranks, and with printing off, the calls write nothing.
 class RunReporter {
@@ -274,6 +310,11 @@ class RunReporter {
   void checkpoint(const TrainingPosition& position, const char* why, const std::string& path,
                   double wait_s, bool background);
   void epoch(const EpochReport& report);
+  // A resumed run's start (Note [Resume record], Note [Resume in TensorBoard]): the resume
+  // record, the log line, TensorBoard's SessionLog START. Before the first interval.
+  void resumed(const ResumeReport& report);
+  // The resume record's steps_redone; 0 for a fresh start, and on the other ranks.
+  int64_t steps_redone() const { return steps_redone_; }
 
  private:
   void monitor(const std::vector<ScalarEvent>& events);
@@ -284,6 +325,7 @@ class RunReporter {
   double recent_samples_per_s_ = 0.0;
   double recent_ms_per_step_ = 0.0;  // 0 = no interval yet
   double evaluation_s_ = 0.0;        // 0 = no epoch ended yet
+  int64_t steps_redone_ = 0;         // Note [Resume record]
   JsonlWriter metrics_;
   TensorBoardWriter tensorboard_;
   CsvMonitorWriter csv_monitor_;

@@ -7,7 +7,9 @@
 //                      plus 0xa282ead8 (tensorflow/core/lib/hash/crc32c.h)
 //   Event protobuf     wall_time = 1 (double), step = 2 (int64), file_version = 3 (string,
 //                      "brain.Event:2" in the file's first event), summary = 5 (Summary: repeated
-//                      Value value = 1; Value: tag = 1 (string), simple_value = 2 (float))
+//                      Value value = 1; Value: tag = 1 (string), simple_value = 2 (float)),
+//                      session_log = 7 (SessionLog: status = 1 (enum; START = 1),
+//                      checkpoint_path = 2 (string), msg = 3 (string))
 //                      (tensorflow/core/util/event.proto, tensorflow/core/framework/summary.proto)
 //
 // TensorBoardWriter puts them in a file named events.out.tfevents.<unix seconds>.<hostname>, as
@@ -38,6 +40,9 @@ std::string tfrecord(std::string_view data);
 // Event protobufs (serialized, not framed).
 std::string event_file_version(double wall_time_s);  // file_version "brain.Event:2"
 std::string event_scalar(double wall_time_s, int64_t step, const std::string& tag, float value);
+// A SessionLog with status START: a restart at `step` (Note [Resume in TensorBoard]).
+std::string event_session_start(double wall_time_s, int64_t step,
+                                const std::string& checkpoint_path, const std::string& message);
 
 // Appends scalar events to one event file in `directory` (created with its parents). A
 // default-constructed writer (other ranks, TensorBoard off) drops everything.
@@ -48,6 +53,10 @@ class TensorBoardWriter {
   explicit TensorBoardWriter(const std::string& directory);
   // One Event per scalar, then a flush. Throws Error when the file cannot be written.
   void write(const std::vector<ScalarEvent>& events);
+  // A SessionLog START at `step` (samples seen, as the scalars' steps), naming the checkpoint
+  // the run resumed from, then a flush (Note [Resume in TensorBoard]). Throws Error when the
+  // file cannot be written.
+  void session_start(int64_t step, const std::string& checkpoint_path, const std::string& message);
   const std::string& path() const { return path_; }
 
  private:

@@ -45,3 +45,35 @@ set_property(TEST test_lmod_module APPEND PROPERTY ENVIRONMENT
   "HPC_TRAIN_BUILD_DIR=${PROJECT_BINARY_DIR};HPC_TRAIN_CMAKE=${CMAKE_COMMAND}"
   "HPC_TRAIN_MODULE_BIN_DIRS=${module_bin_dirs};HPC_TRAIN_MODULE_LIB_DIRS=${module_lib_dirs}")
 set_tests_properties(test_lmod_module PROPERTIES SKIP_RETURN_CODE 77)
+
+# Several nodes for real: node1..node3 in network and UTS namespaces of their own, joined by veth
+# links on a bridge, one slurmd each, slurmctld and munged on `head` (tests/slurm/netns_cluster.sh).
+# The fixture `netns_cluster` starts it once for the tests that need it and removes every
+# namespace, link and process after them, also when one fails. Skipped (77) where Slurm is not
+# installed or namespaces cannot be made (not root).
+set(HPC_TRAIN_CLUSTER_DIR ${CMAKE_CURRENT_BINARY_DIR}/netns-cluster)
+set(HPC_TRAIN_CLUSTER_TEST_ENV HPC_TRAIN_CLUSTER_DIR=${HPC_TRAIN_CLUSTER_DIR})
+add_test(NAME netns_cluster_start
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm/netns_cluster.sh start)
+add_test(NAME netns_cluster_stop
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm/netns_cluster.sh stop)
+set_tests_properties(netns_cluster_start PROPERTIES FIXTURES_SETUP netns_cluster TIMEOUT 120
+  SKIP_RETURN_CODE 77 LABELS cluster ENVIRONMENT "${HPC_TRAIN_CLUSTER_TEST_ENV}")
+set_tests_properties(netns_cluster_stop PROPERTIES FIXTURES_CLEANUP netns_cluster TIMEOUT 120
+  LABELS cluster ENVIRONMENT "${HPC_TRAIN_CLUSTER_TEST_ENV}")
+
+# hpc_train_add_cluster_test(NAME name SCRIPT file TIMEOUT s): a script test on that cluster.
+function(hpc_train_add_cluster_test)
+  cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT" "" ${ARGN})
+  hpc_train_add_script_test(NAME ${T_NAME} SCRIPT ${T_SCRIPT} TIMEOUT ${T_TIMEOUT} LABELS cluster)
+  set_property(TEST ${T_NAME} APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_CLUSTER_TEST_ENV}")
+  set_tests_properties(${T_NAME} PROPERTIES FIXTURES_REQUIRED netns_cluster SKIP_RETURN_CODE 77)
+endfunction()
+
+# train_multinode.sbatch on 3 nodes (mpirun, and srun --mpi=pmix), mpirun -H node1,node2,node3
+# and 3 ranks on one node: the same weights bit for bit; bytes counted on the links.
+hpc_train_add_cluster_test(NAME test_cluster_multinode SCRIPT slurm/test_cluster_multinode.sh
+  TIMEOUT 600)
+
+set_property(TEST test_cluster_multinode APPEND PROPERTY ENVIRONMENT
+  "HPC_TRAIN_SUBMIT=${PROJECT_BINARY_DIR}/hpc_train_submit")

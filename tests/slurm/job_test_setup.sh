@@ -1,24 +1,31 @@
-# Sourced by the job tests (test_slurm_*.sh): what every one of them needs before sbatch.
-# Skips (exit 77) where Slurm is not installed; joins the test cluster of the `slurm` fixture;
-# makes an empty work directory the current one; clears what would change the allocation
+# Sourced by the job tests (tests/slurm/test_*.sh): what every one of them needs before sbatch.
+# Skips (exit 77) where Slurm is not installed; joins the test cluster of its fixture; makes an
+# empty work directory the current one; clears what would change the allocation
 # (oversubscription from the test environment, variables of an enclosing Slurm job).
-# Defines fail(), and slice_dataset TRAIN TEST (a Fashion-MNIST slice in slice.h5).
+# Defines what tests/support/script_test.sh does (fail, skip, python_with, ...), and
+# slice_dataset TRAIN TEST (a Fashion-MNIST slice in slice.h5).
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-work=${HPC_TRAIN_TEST_WORK:?}
+: "${HPC_TRAIN_TEST_WORK:?}"
+# shellcheck source=tests/support/script_test.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/script_test.sh"
 if ! command -v sbatch > /dev/null; then
   echo "Slurm is not installed (apt-get install slurm-wlm munge): skipped"
   exit 77
 fi
-slurm_dir=${HPC_TRAIN_SLURM_DIR:?set HPC_TRAIN_SLURM_DIR to the test cluster directory}
-[ -f "$slurm_dir/env.sh" ] || fail "no test cluster in $slurm_dir (the slurm_start test sets it up)"
+# The cluster of nodes in network namespaces (netns_cluster.sh; fixture netns_cluster) where
+# HPC_TRAIN_CLUSTER_DIR is set, else the one-node cluster (slurm_cluster.sh; fixture slurm).
+if [ -n "${HPC_TRAIN_CLUSTER_DIR:-}" ]; then
+  cluster_env=$HPC_TRAIN_CLUSTER_DIR/env.sh
+  jobcomp_log=$HPC_TRAIN_CLUSTER_DIR/log/jobcomp.log
+  [ -f "$cluster_env" ] || fail "no test cluster in $HPC_TRAIN_CLUSTER_DIR (the netns_cluster_start test sets it up)"
+else
+  slurm_dir=${HPC_TRAIN_SLURM_DIR:?set HPC_TRAIN_SLURM_DIR to the test cluster directory}
+  cluster_env=$slurm_dir/env.sh
+  jobcomp_log=$slurm_dir/log/jobcomp.log
+  [ -f "$cluster_env" ] || fail "no test cluster in $slurm_dir (the slurm_start test sets it up)"
+fi
 # shellcheck source=/dev/null
-source "$slurm_dir/env.sh"
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+source "$cluster_env"
 
 # The job must fit in what Slurm allocates (3 tasks on a node that declares 4 CPUs): no
 # oversubscription from the test environment. Nothing from an enclosing Slurm job either.
@@ -32,4 +39,11 @@ slice_dataset() {
   [ -f "$source_dir/train-images-idx3-ubyte.gz" ] ||
     fail "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist"
   "$HPC_TRAIN_DATA" convert fashion-mnist "$source_dir" slice.h5 --max-train "$1" --max-test "$2"
+}
+
+# job_end_state JOB: the state the job ended in, from the cluster's job completion log (a job
+# that Slurm resized after a node loss has a RESIZING line first); empty while it runs.
+job_end_state() {
+  sed -n "s/^JobId=$1 .*JobState=\([A-Z_]*\) .*/\1/p" "$jobcomp_log" 2>/dev/null |
+    grep -v RESIZING | tail -n 1 || true
 }

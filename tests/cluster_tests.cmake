@@ -70,10 +70,17 @@ function(hpc_train_add_cluster_test)
   set_tests_properties(${T_NAME} PROPERTIES FIXTURES_REQUIRED netns_cluster SKIP_RETURN_CODE 77)
 endfunction()
 
-# train_multinode.sbatch on 3 nodes (mpirun, and srun --mpi=pmix), mpirun -H node1,node2,node3
-# and 3 ranks on one node: the same weights bit for bit; bytes counted on the links.
+# train_multinode.sbatch on 3 nodes (mpirun, and srun --mpi=pmix), hpc_train_submit --nodes 3,
+# mpirun -H node1,node2,node3 and 3 ranks on one node: the same weights bit for bit; bytes
+# counted on the links.
 hpc_train_add_cluster_test(NAME test_cluster_multinode SCRIPT slurm/test_cluster_multinode.sh
   TIMEOUT 600)
-
 set_property(TEST test_cluster_multinode APPEND PROPERTY ENVIRONMENT
   "HPC_TRAIN_SUBMIT=${PROJECT_BINARY_DIR}/hpc_train_submit")
+
+# train_elastic.sbatch (sbatch --no-kill, hpc_train_elastic) on 3 nodes; node3 killed, then cut
+# off, mid-run: each time the job finishes on node1 and node2 from the newest checkpoint.
+hpc_train_add_cluster_test(NAME test_cluster_node_loss SCRIPT slurm/test_cluster_node_loss.sh
+  TIMEOUT 900)
+set_property(TEST test_cluster_node_loss APPEND PROPERTY ENVIRONMENT
+  "HPC_TRAIN_ELASTIC=${PROJECT_BINARY_DIR}/hpc_train_elastic")

@@ -84,3 +84,10 @@ hpc_train_add_cluster_test(NAME test_cluster_node_loss SCRIPT slurm/test_cluster
   TIMEOUT 900)
 set_property(TEST test_cluster_node_loss APPEND PROPERTY ENVIRONMENT
   "HPC_TRAIN_ELASTIC=${PROJECT_BINARY_DIR}/hpc_train_elastic")
+
+# hpc_train_elastic without Slurm (--hosts): restarts after a node that mpirun cannot reach, and
+# not after a failure of the program's own or below --min-nodes; its usage errors.
+hpc_train_add_script_test(NAME test_elastic_supervisor SCRIPT test_elastic_supervisor.sh
+  TIMEOUT 180)
+set_property(TEST test_elastic_supervisor APPEND PROPERTY ENVIRONMENT
+  "HPC_TRAIN_ELASTIC=${PROJECT_BINARY_DIR}/hpc_train_elastic")

@@ -40,6 +40,8 @@
 # by that, never by name. In a container: proctrack/linuxproc and task/none (no cgroups), and
 # the nodes may declare more CPUs than the machine has (SlurmdParameters=config_overrides).
 set -euo pipefail
+# shellcheck source=tests/slurm/slurm_conf_shared.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_conf_shared.sh"
 
 action=${1:-}
 [ $# -gt 0 ] && shift
@@ -144,55 +146,34 @@ make_node() {
 
 write_conf() {
   local nodes_list="node[1-$node_count]"
-  cat > "$conf" <<EOF
+  {
+    cat <<EOF
 # Written by tests/slurm/netns_cluster.sh: a test cluster of $node_count nodes in network namespaces;
 # everything under $dir
 ClusterName=hpctrainnet
 SlurmctldHost=head($(address_of head))
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$munge_socket,cred_expire=10
-CredType=cred/munge
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$run_dir/spool-%n
 # The nodes share /tmp: each its own job temporary directory (PMIx puts its client directories
 # there, named by job and step only).
 TmpFS=$run_dir/tmp-%n
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd-%n.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig=$dir/plugstack.conf
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$dir/log/jobcomp.log
-MinJobAge=16
-JobRequeue=1
-SchedulerParameters=sched_interval=2,bf_interval=2
+EOF
+    shared_slurm_conf "$dir" "$munge_socket"
+    cat <<EOF
 # A node that stops answering is DOWN after SlurmdTimeout s (a lost node), and comes back by
 # itself once its slurmd registers again.
 SlurmdTimeout=10
-ReturnToService=2
-KillWait=5
 MessageTimeout=5
-MailProg=/bin/true
-SlurmdParameters=config_overrides
 # Each node declares GPUs (empty files for devices), so that GPU job scripts are scheduled as
 # on a GPU cluster; a CPU build of hpc_train runs on the CPU whatever Slurm hands it.
 GresTypes=gpu
 NodeName=DEFAULT CPUs=$cpus RealMemory=1024 Gres=gpu:$gpus State=UNKNOWN
 EOF
+  } > "$conf"
   # Slurm counts a node's GPUs by their device files: empty files stand in for them.
   mkdir -p "$dir/dev"
   for ((i = 0; i < gpus; i++)); do : > "$dir/dev/gpu$i"; done

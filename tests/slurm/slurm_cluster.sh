@@ -23,6 +23,8 @@
 # Processes are only ever signalled by the pid in their pid file, after checking that this pid
 # is the daemon that wrote it; never by name.
 set -euo pipefail
+# shellcheck source=tests/slurm/slurm_conf_shared.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_conf_shared.sh"
 
 action=${1:-}
 dir=${HPC_TRAIN_SLURM_DIR:-$PWD/slurm-cluster}
@@ -97,56 +99,25 @@ start_failed() {
 
 write_conf() {
   local new=$conf.new
-  cat > "$new" <<EOF
+  {
+    cat <<EOF
 # Written by tests/slurm/slurm_cluster.sh: a one-node test cluster; everything under
 # $dir
 ClusterName=hpctrain
 SlurmctldHost=localhost
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$munge_socket,cred_expire=10
-CredType=cred/munge
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$spool_dir
 SlurmctldPidFile=$slurmctld_pid_file
 SlurmdPidFile=$slurmd_pid_file
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig=$dir/plugstack.conf
-# No cgroups in a container.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# No slurmdbd, so sacct has nothing: finished jobs are written to a text file instead
-# (JobState, ExitCode), and stay in slurmctld's memory for at least MinJobAge s, for scontrol
-# show job. sbatch --wait polls after 2 s, then every 4x longer while that stays below
-# MinJobAge/2 (at most 32 s): MinJobAge=16 keeps the polls 8 s apart, so a job is still in
-# memory for 8 s or more when sbatch --wait returns.
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$dir/log/jobcomp.log
-MinJobAge=16
-# A requeued job waits until the job credential it ran with has expired (AuthInfo cred_expire,
-# default 120 s) plus the next pass of the scheduler (sched_interval, default 60 s; backfill's
-# bf_interval, default 30 s): with 10 s and 2 s it starts again ~12 s after scontrol requeue.
-JobRequeue=1
-SchedulerParameters=sched_interval=2,bf_interval=2
-ReturnToService=2
-KillWait=5
-MailProg=/bin/true
-# The node may declare more CPUs and other memory than the machine has.
-SlurmdParameters=config_overrides
+EOF
+    shared_slurm_conf "$dir" "$munge_socket"
+    cat <<EOF
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1024 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
+  } > "$new"
   if cmp -s "$new" "$conf"; then
     rm -f "$new"
   else

@@ -3,6 +3,9 @@
 hpc_train_add_script_test(NAME test_resume SCRIPT test_resume.sh TIMEOUT 600)
 # BatchNorm buffers agree before a checkpoint (resnet18, 3 ranks, collective write).
 hpc_train_add_script_test(NAME test_resume_batchnorm SCRIPT test_resume_batchnorm.sh TIMEOUT 600)
+# Note [Checkpoint branches]: --resume auto follows a branch resumed by hand; the abandoned
+# checkpoints are moved aside, not deleted, and pruning spares the new branch.
+hpc_train_add_script_test(NAME test_resume_branch SCRIPT test_resume_branch.sh TIMEOUT 300)
 # Resume at another world size x micro-batch x accumulation continues the same samples.
 hpc_train_add_script_test(NAME test_resume_reshape SCRIPT test_resume_reshape.sh TIMEOUT 300)
 # Note [Scaler on resume], end to end: fp16 needs the GPU (ctest -L gpu on the GPU machine).

@@ -388,6 +388,45 @@ TEST_F(CheckpointTest, PruneKeepsTheNewestAndRemovesTemporaries) {
   EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 10));
 }
 
+// Note [Checkpoint branches]: `latest` wins over a higher step; a broken one falls back to the
+// newest below it; the abandoned branch is moved aside, where neither finding nor pruning looks.
+TEST_F(CheckpointTest, LatestNamesTheBranchAndAbandonedOnesAreSetAside) {
+  const std::string run = own("run");
+  EXPECT_EQ(set_aside_checkpoints_after(run, 0), "");  // no directory: nothing to move
+  for (int64_t step : {4, 6, 8, 10})
+    write_checkpoint(MPI_COMM_SELF, checkpoint_path(run, step), small_checkpoint(step));
+  point_latest_checkpoint(run, checkpoint_path(run, 6));
+  const std::string directory = checkpoint_directory(run);
+  EXPECT_EQ(read_bytes(directory + "/latest"),
+            (std::vector<uint8_t>{'s', 't', 'e', 'p', '-', '0', '0', '0', '0', '0', '0', '0', '6',
+                                  '.', 'h', '5', '\n'}));  // the name: the directory may move
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 6));
+
+  // The named file does not read back: the newest complete one below it, with a warning.
+  const std::vector<uint8_t> bytes = read_bytes(checkpoint_path(run, 6));
+  write_bytes(checkpoint_path(run, 6), {bytes.begin(), bytes.begin() + bytes.size() / 2});
+  std::vector<std::string> warnings;
+  EXPECT_EQ(find_latest_checkpoint(run, &warnings), checkpoint_path(run, 4));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(directory + "/latest"), std::string::npos) << warnings[0];
+
+  // A file outside the directory is named by its path.
+  const std::string elsewhere = own("elsewhere.h5");
+  write_checkpoint(MPI_COMM_SELF, elsewhere, small_checkpoint(5));
+  point_latest_checkpoint(run, elsewhere);
+  EXPECT_EQ(find_latest_checkpoint(run), elsewhere);
+
+  const std::string aside = set_aside_checkpoints_after(run, 6);
+  EXPECT_EQ(aside.rfind(directory + "/abandoned-after-step-6-", 0), 0u) << aside;
+  EXPECT_EQ(directory_listing(aside),
+            (std::vector<std::string>{"step-00000008.h5", "step-00000010.h5"}));
+  EXPECT_EQ(set_aside_checkpoints_after(run, 6), "");  // nothing above 6 is left
+  fs::remove(directory + "/latest");
+  EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 4));  // 6 is broken
+  prune_checkpoints(run, 1);
+  EXPECT_EQ(directory_listing(aside).size(), 2u);  // pruning leaves the abandoned branch alone
+}
+
 TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
   const std::string valid = own("valid.h5");
   write_checkpoint(MPI_COMM_SELF, valid, realistic_checkpoint(7));

@@ -50,8 +50,9 @@ timed_steps=$(awk '$2 == "every" { print $1 }' timed.steps)
 [ "$(grep -v -c -e "every 0.001 min" -e "epoch end" timed.steps)" -eq 0 ] || fail "a checkpoint of another rule"
 grep -q "^20 epoch end$" timed.steps && grep -q "^40 epoch end$" timed.steps || fail "an epoch end's checkpoint is missing"
 grep -q "Checkpoint (every 0.001 min) after step" timed.out || fail "no log line names the rule"
-# One file per checkpointed step, each complete; nothing else.
-expected_files=$(awk '{ printf "step-%08d.h5\n", $1 }' timed.steps | sort -u)
+# One file per checkpointed step, each complete, and `latest` (Note [Checkpoint branches]);
+# nothing else.
+expected_files=$( (echo latest; awk '{ printf "step-%08d.h5\n", $1 }' timed.steps) | sort -u)
 [ "$(ls -A timed/checkpoints)" = "$expected_files" ] ||
   fail "checkpoint files $(ls -A timed/checkpoints | tr '\n' ' ') != $(echo $expected_files)"
 mkdir exports
@@ -72,7 +73,7 @@ echo "== 2. every 60 min: the epoch ends only"
 train hourly --checkpoint-every-minutes 60
 checkpoint_steps hourly | tee hourly.steps
 [ "$(cat hourly.steps)" = $'20 epoch end\n40 epoch end' ] || fail "hourly: $(cat hourly.steps)"
-[ "$(ls -A hourly/checkpoints | tr '\n' ' ')" = "step-00000020.h5 step-00000040.h5 " ] ||
+[ "$(ls -A hourly/checkpoints | tr '\n' ' ')" = "latest step-00000020.h5 step-00000040.h5 " ] ||
   fail "hourly: files $(ls -A hourly/checkpoints)"
 
 echo "== 3. refused before training"

@@ -32,7 +32,7 @@ train() {
 
 echo "== 1. 3 ranks to step 8, checkpoints at 3 and 6"
 train 3 4 first.out --max-steps 8 --checkpoint-epochs off
-[ "$(ls run/checkpoints | tr '\n' ' ')" = "step-00000003.h5 step-00000006.h5 " ] ||
+[ "$(ls run/checkpoints | tr '\n' ' ')" = "latest step-00000003.h5 step-00000006.h5 " ] ||
   fail "checkpoints $(ls run/checkpoints)"
 
 echo "== 2. --resume auto on 2 ranks to step 14"

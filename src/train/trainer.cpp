@@ -239,6 +239,7 @@ struct Trainer::Impl {
     graphed_step.emplace(capture_steps(config, placement), config.cuda_graph == Switch::kOn);
     resumed_from = checkpoints->to_resume();
     if (!resumed_from.empty()) start = checkpoints->resume(resumed_from);
+    checkpoints->start_branch(resumed_from, start.global_step);
     phase_ends("resume");
   }
 

@@ -177,7 +177,10 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
   const std::string path = checkpoint_path(config_.run_dir, position.global_step);
   if (write == Write::kNow) {
     write_checkpoint(comm_.mpi_comm(), path, fill_host_copy(position));  // collective
-    if (comm_.rank() == 0) prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
+    if (comm_.rank() == 0) {
+      point_latest_checkpoint(config_.run_dir, path);  // Note [Checkpoint branches]
+      prune_checkpoints(config_.run_dir, config_.keep_checkpoints);
+    }
   } else if (comm_.rank() == 0) {
     // Note [Background checkpoint writes]: the thread reads the host copy until
     // wait_for_writes has seen it end.
@@ -187,6 +190,7 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
                              keep = config_.keep_checkpoints]() -> std::string {
           try {
             write_checkpoint_file(path, checkpoint);
+            point_latest_checkpoint(run_dir, path);  // Note [Checkpoint branches]
             prune_checkpoints(run_dir, keep);
             return "";
           } catch (const std::exception& e) {
@@ -200,6 +204,16 @@ std::string RunCheckpoints::save(const TrainingPosition& position, const char* w
   }
   reporter_.checkpoint(position, why, path, wall.elapsed_ms() / 1e3, write == Write::kBackground);
   return path;
+}
+
+void RunCheckpoints::start_branch(const std::string& resumed_from, int64_t step) {
+  if (config_.run_dir.empty() || comm_.rank() != 0) return;
+  // Note [Checkpoint branches].
+  const std::string aside = set_aside_checkpoints_after(config_.run_dir, step);
+  if (!aside.empty())
+    reporter_.say("Checkpoints after step %lld, of the run this one abandons, moved to %s\n",
+                  static_cast<long long>(step), aside.c_str());
+  if (!resumed_from.empty()) point_latest_checkpoint(config_.run_dir, resumed_from);
 }
 
 void RunCheckpoints::wait_for_writes() {

@@ -108,6 +108,12 @@ class RunCheckpoints {
   enum class Write { kNow, kBackground };
   std::string save(const TrainingPosition& position, const char* why, Write write);
 
+  // The run starts at optimizer step `step`, from the checkpoint `resumed_from` ("" for a
+  // fresh start): checkpoints of a higher step in the run directory are of a branch this run
+  // abandons and are moved aside, and `latest` names `resumed_from` (Note [Checkpoint
+  // branches] in checkpoint_files.h). Rank 0 acts; the others return at once.
+  void start_branch(const std::string& resumed_from, int64_t step);
+
   // Waits for the background write in flight, if any. Collective: when it failed, every rank
   // throws its Error (naming the file), so the job ends at the latest here; the run calls this
   // before it reports its end.

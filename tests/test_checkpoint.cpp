@@ -416,11 +416,13 @@ TEST_F(CheckpointTest, LatestNamesTheBranchAndAbandonedOnesAreSetAside) {
   point_latest_checkpoint(run, elsewhere);
   EXPECT_EQ(find_latest_checkpoint(run), elsewhere);
 
+  fs::create_directories(checkpoint_path(run, 12) + "/occupied");  // no checkpoint: stays
   const std::string aside = set_aside_checkpoints_after(run, 6);
   EXPECT_EQ(aside.rfind(directory + "/abandoned-after-step-6-", 0), 0u) << aside;
   EXPECT_EQ(directory_listing(aside),
             (std::vector<std::string>{"step-00000008.h5", "step-00000010.h5"}));
-  EXPECT_EQ(set_aside_checkpoints_after(run, 6), "");  // nothing above 6 is left
+  EXPECT_EQ(set_aside_checkpoints_after(run, 6), "");  // no file above 6 is left
+  EXPECT_TRUE(fs::is_directory(checkpoint_path(run, 12)));
   fs::remove(directory + "/latest");
   EXPECT_EQ(find_latest_checkpoint(run), checkpoint_path(run, 4));  // 6 is broken
   prune_checkpoints(run, 1);

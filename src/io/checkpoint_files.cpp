@@ -162,8 +162,13 @@ void point_latest_checkpoint(const std::string& run_dir, const std::string& chec
 std::string set_aside_checkpoints_after(const std::string& run_dir, int64_t step) {
   const CheckpointListing listing = list_checkpoints(run_dir);
   std::vector<std::pair<int64_t, std::string>> abandoned;
-  for (const auto& checkpoint : listing.checkpoints)
-    if (checkpoint.first > step) abandoned.push_back(checkpoint);
+  for (const auto& checkpoint : listing.checkpoints) {
+    struct stat status {};
+    // Files only: whatever else bears a checkpoint's name is no checkpoint to move.
+    if (checkpoint.first > step && ::stat(checkpoint.second.c_str(), &status) == 0 &&
+        S_ISREG(status.st_mode))
+      abandoned.push_back(checkpoint);
+  }
   if (abandoned.empty()) return "";
   char stamp[32];
   const std::time_t now = std::time(nullptr);

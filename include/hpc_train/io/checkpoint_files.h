@@ -47,7 +47,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir,
 // else its path), atomically. Rank 0 only.
 void point_latest_checkpoint(const std::string& run_dir, const std::string& checkpoint);
 
-// Moves the checkpoints of <run_dir>/checkpoints whose step is above `step` into a new
+// Moves the checkpoint files of <run_dir>/checkpoints whose step is above `step` into a new
 // abandoned-after-step-<step>-<UTC time> directory beside them, and returns its path ("" when
 // there were none). Rank 0 only. Throws Error naming a file it cannot move.
 std::string set_aside_checkpoints_after(const std::string& run_dir, int64_t step);

@@ -2,8 +2,9 @@
 # Skips (exit 77) where Slurm is not installed; joins the test cluster of its fixture; makes an
 # empty work directory the current one; clears what would change the allocation
 # (oversubscription from the test environment, variables of an enclosing Slurm job).
-# Defines what tests/support/script_test.sh does (fail, skip, python_with, ...), and
-# slice_dataset TRAIN TEST (a Fashion-MNIST slice in slice.h5).
+# Defines what tests/support/script_test.sh does (fail, skip, python_with, ...), slice_dataset
+# TRAIN TEST (a Fashion-MNIST slice in slice.h5), job_end_state, and for a job in $job_id whose
+# output is $output: job_field, cancel_and_fail and preempt_until_completed.
 
 : "${HPC_TRAIN_TEST_WORK:?}"
 # shellcheck source=tests/support/script_test.sh
@@ -46,4 +47,40 @@ slice_dataset() {
 job_end_state() {
   sed -n "s/^JobId=$1 .*JobState=\([A-Z_]*\) .*/\1/p" "$jobcomp_log" 2>/dev/null |
     grep -v RESIZING | tail -n 1 || true
+}
+
+# job_field NAME: NAME's value in the record of job $job_id (while slurmctld holds it).
+job_field() { scontrol show job -o "$job_id" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+# cancel_and_fail MESSAGE: job $job_id's record and output ($output), the job cancelled, fail.
+cancel_and_fail() {
+  scontrol show job "${job_id:-0}" 2>/dev/null || true
+  [ -n "${job_id:-}" ] && scancel "$job_id" 2>/dev/null
+  [ -f "${output:-}" ] && { echo "---- $output"; cat "$output"; }
+  fail "$@"
+}
+
+# preempt_until_completed RUN_DIR: once job $job_id has trained 6 steps (RUN_DIR/metrics.jsonl),
+# USR1 to its batch shell (what --signal=B:USR1@120 sends at the time limit); then until the
+# job is COMPLETED (checkpoint, exit 75, requeue, resume), failing on any other end.
+preempt_until_completed() {
+  local deadline=$((SECONDS + 90)) state
+  until grep -q '"step":6,' "$1/metrics.jsonl" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || cancel_and_fail "job $job_id trained no 6 steps within 90 s"
+    sleep 0.2
+  done
+  scancel --signal=USR1 --batch "$job_id"
+  echo "USR1 sent to the batch shell of job $job_id"
+  deadline=$((SECONDS + 150))
+  while :; do
+    state=$(job_field JobState)
+    case "$state" in
+      COMPLETED) break ;;
+      FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
+        cancel_and_fail "job $job_id ended $state" ;;
+    esac
+    [ $SECONDS -lt $deadline ] ||
+      cancel_and_fail "job $job_id not finished within 150 s of USR1 (state $state)"
+    sleep 1
+  done
 }

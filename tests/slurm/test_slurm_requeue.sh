@@ -20,49 +20,22 @@ if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
-cancel_and_fail() {
-  scontrol show job "${job_id:-0}" 2>/dev/null || true
-  [ -n "${job_id:-}" ] && scancel "$job_id" 2>/dev/null
-  for f in "$work"/*.out; do [ -f "$f" ] && { echo "---- $f"; cat "$f"; }; done
-  fail "$@"
-}
-# field NAME: NAME's value in the job's record.
-field() { scontrol show job -o "$job_id" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-
 start_s=$SECONDS
 job_id=$(sbatch --parsable "$HPC_TRAIN_SOURCE_DIR/jobscripts/train_requeue.sbatch" | cut -d';' -f1)
 [[ "$job_id" =~ ^[0-9]+$ ]] || fail "no job id from sbatch: $job_id"
 run_dir=$work/runs/hpc_train-requeue-$job_id
 output=$work/hpc_train-requeue-$job_id.out
 
-# Preempt in the middle of the first epoch (20 steps per epoch), once the ranks train.
-deadline=$((SECONDS + 90))
-until grep -q '"step":6,' "$run_dir/metrics.jsonl" 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || cancel_and_fail "the job trained no 6 steps within 90 s"
-  sleep 0.2
-done
-scancel --signal=USR1 --batch "$job_id"
-echo "USR1 sent to the batch shell of job $job_id after $((SECONDS - start_s)) s"
-
-# Wait for the end: requeued (PENDING, BeginTime), running again, COMPLETED.
-deadline=$((SECONDS + 150))
-while :; do
-  state=$(field JobState)
-  case "$state" in
-    COMPLETED) break ;;
-    FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-      cancel_and_fail "job $job_id ended $state" ;;
-  esac
-  [ $SECONDS -lt $deadline ] || cancel_and_fail "job $job_id not finished within 150 s of USR1 (state $state)"
-  sleep 1
-done
+# Preempt in the middle of the first epoch (20 steps per epoch), once the ranks train; then
+# requeued (PENDING, BeginTime), running again, COMPLETED.
+preempt_until_completed "$run_dir"
 echo "job $job_id COMPLETED after $((SECONDS - start_s)) s"
 echo "---- $output"
 cat "$output"
 echo "----"
 
-[ "$(field Restarts)" = 1 ] || fail "job $job_id: Restarts=$(field Restarts), expected 1"
-[ "$(field ExitCode)" = 0:0 ] || fail "job $job_id: ExitCode=$(field ExitCode)"
+[ "$(job_field Restarts)" = 1 ] || fail "job $job_id: Restarts=$(job_field Restarts), expected 1"
+[ "$(job_field ExitCode)" = 0:0 ] || fail "job $job_id: ExitCode=$(job_field ExitCode)"
 grep -q "job $job_id start 0 " "$output" || fail "no first start in the output"
 grep -q "USR1 received, asking hpc_train to checkpoint" "$output" || fail "USR1 not forwarded"
 grep -q "job $job_id preempted with a checkpoint in $run_dir: requeueing" "$output" ||

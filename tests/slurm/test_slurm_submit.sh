@@ -71,13 +71,6 @@ PY
 echo "job $job_id passed (script $script)"
 
 # ---- a preempted job: checkpoint, requeue, resume -------------------------------------------
-field() { scontrol show job -o "$job_id" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-cancel_and_fail() {
-  scontrol show job "$job_id" 2>/dev/null || true
-  scancel "$job_id" 2>/dev/null || true
-  [ -f "$output" ] && { echo "---- $output"; cat "$output"; }
-  fail "$@"
-}
 slice_dataset 240 60 > /dev/null
 "$submit" --nodes 1 --cpu --ntasks-per-node 3 --job-name preempted --run-root "$work/runs" \
   --no-module -- --dataset "$work/slice.h5" --epochs 2 --micro-batch 4 --log-every 1 \
@@ -87,27 +80,10 @@ job_id=$(sed -n 's/^Submitted job \([0-9]*\):.*/\1/p' submit.out)
 run_dir=$work/runs/preempted-$job_id
 output=$run_dir/slurm-$job_id.out
 # Preempt in the middle of the first epoch (20 steps), once the ranks train.
-deadline=$((SECONDS + 90))
-until grep -q '"step":6,' "$run_dir/metrics.jsonl" 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || cancel_and_fail "job $job_id trained no 6 steps within 90 s"
-  sleep 0.2
-done
-scancel --signal=USR1 --batch "$job_id"
-echo "USR1 sent to the batch shell of job $job_id"
-deadline=$((SECONDS + 150))
-while :; do
-  state=$(field JobState)
-  case "$state" in
-    COMPLETED) break ;;
-    FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-      cancel_and_fail "job $job_id ended $state" ;;
-  esac
-  [ $SECONDS -lt $deadline ] || cancel_and_fail "job $job_id not finished within 150 s of USR1 (state $state)"
-  sleep 1
-done
+preempt_until_completed "$run_dir"
 echo "---- $output"; cat "$output"; echo "----"
-[ "$(field Restarts)" = 1 ] || fail "job $job_id: Restarts=$(field Restarts), expected 1"
-[ "$(field ExitCode)" = 0:0 ] || fail "job $job_id: ExitCode=$(field ExitCode)"
+[ "$(job_field Restarts)" = 1 ] || fail "job $job_id: Restarts=$(job_field Restarts), expected 1"
+[ "$(job_field ExitCode)" = 0:0 ] || fail "job $job_id: ExitCode=$(job_field ExitCode)"
 grep -q "job $job_id: USR1 received, asking hpc_train to checkpoint" "$output" || fail "USR1 not forwarded"
 grep -q "job $job_id: checkpoint written in $run_dir; requeueing" "$output" || fail "no requeue"
 grep -q "job $job_id start 1 " "$output" || fail "no second start"

@@ -2,7 +2,6 @@
 #include "hpc_train/comm/peer_probe.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>

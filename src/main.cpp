@@ -113,8 +113,10 @@ int run(int argc, char** argv) {
     run_agreed_phase(runtime,
                      [&] { devices = probe_devices(runtime.hostname(), runtime.local_rank()); });
     Placement placement;
-    run_agreed_phase(runtime,
-                     [&] { placement = resolve_placement(config, runtime.world(), devices); });
+    run_agreed_phase(runtime, [&] {
+      placement = resolve_placement(config, runtime.world(), devices);
+      check_mpi_thread_level(placement, runtime.thread_level());  // Note [MPI thread level]
+    });
     startup.end_phase("placement");  // devices probed and agreed (CUDA starts in the trainer)
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
@@ -155,11 +157,13 @@ int run(int argc, char** argv) {
     output.progress_bar =
         config.progress == ProgressStyle::kBar ||
         (config.progress == ProgressStyle::kAuto && stdout_is_terminal());
-    std::unique_ptr<Trainer> trainer;
-    run_agreed_phase(runtime, [&] {
-      trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output, placement,
-                                          &startup);
-    });
+    // Not an agreed phase (Note [Ending the job] in runtime.h): the trainer's construction runs
+    // collectives (the communicator's start, the broadcast of the weights, the resumed
+    // checkpoint's), and a rank failing before one of them must not wait in the agreement while
+    // the others wait in the collective. Its error reaches run_or_abort: that rank prints it at
+    // once and the job ends.
+    const auto trainer = std::make_unique<Trainer>(config, *dataset, runtime.world(), output,
+                                                   placement, &startup);
     // Only now (Note [Early CUDA start]): the thread's loads ran beside the trainer's.
     const std::string early_cuda_warning = early_cuda.finish(placement);
     if (!early_cuda_warning.empty())

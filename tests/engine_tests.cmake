@@ -71,3 +71,13 @@ if(HPC_TRAIN_GPU_BUILD)
       ENVIRONMENT "${HPC_TRAIN_TEST_ENV};HPC_TRAIN_TEST_DEVICE=cuda")
   endforeach()
 endif()
+# Note [Run length]: the arithmetic alone, then real runs with --grad-accum whose epochs end
+# inside an update and whose last update is a partial window.
+hpc_train_add_test(NAME test_run_length SOURCES test_run_length.cpp RANKS 1
+                   LIBS hpc_train_core TIMEOUT 60)
+hpc_train_add_script_test(NAME test_run_length_run SCRIPT test_run_length.sh TIMEOUT 300)
+# Note [Ending the job]: one rank failing while the trainer starts ends the job at once.
+hpc_train_add_script_test(NAME test_startup_faults SCRIPT test_startup_faults.sh TIMEOUT 300)
+# Note [Stop agreement]: the stop signal and the checkpoint clock agreed a step late, never waited for.
+hpc_train_add_test(NAME test_step_agreement SOURCES test_step_agreement.cpp RANKS 1 3
+                   LIBS hpc_train_engine TIMEOUT 60)

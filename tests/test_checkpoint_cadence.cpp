@@ -57,3 +57,15 @@ TEST(CheckpointCadence, ClockStartsAgainAtEveryCheckpoint) {
   std::this_thread::sleep_for(kPastShortMinutes);
   EXPECT_TRUE(cadence.minutes_elapsed());
 }
+
+TEST(CheckpointCadence, AClockThatAskedStartsAgain) {
+  // Asked after every step, a clock that ran out asks once: its checkpoint comes a step later
+  // (Note [Stop agreement]), and the step between must not ask for a second one.
+  CheckpointCadence cadence(0, kShortMinutes);
+  EXPECT_FALSE(cadence.take_minutes_elapsed());
+  std::this_thread::sleep_for(kPastShortMinutes);
+  EXPECT_TRUE(cadence.take_minutes_elapsed());
+  EXPECT_FALSE(cadence.take_minutes_elapsed());
+  std::this_thread::sleep_for(kPastShortMinutes);
+  EXPECT_TRUE(cadence.take_minutes_elapsed());
+}

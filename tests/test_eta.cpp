@@ -18,21 +18,22 @@ TEST(StepsLeft, CountsTheEpochAndTheEpochsAfterIt) {
   // Step 10 (1-based) of 42 in epoch 1 of 3: 32 left in it, then 2 x 42.
   const StepsLeft left =
       steps_left({/*epoch=*/0, /*epochs=*/3, /*step_in_epoch=*/9, /*steps_per_epoch=*/42,
-                  /*global_step=*/10, /*max_steps=*/0});
+                  /*global_step=*/10, /*last_global_step=*/126});
   EXPECT_EQ(left.epoch, 32);
   EXPECT_EQ(left.run, 32 + 2 * 42);
   EXPECT_EQ(left.evaluations, 3);
 }
 
 TEST(StepsLeft, TheLastStepLeavesOnlyTheLastEvaluation) {
-  const StepsLeft left = steps_left({2, 3, 41, 42, 126, 0});
+  const StepsLeft left = steps_left({2, 3, 41, 42, 126, 126});
   EXPECT_EQ(left.epoch, 0);
   EXPECT_EQ(left.run, 0);
   EXPECT_EQ(left.evaluations, 1);
 }
 
 TEST(StepsLeft, MaxStepsCutsTheRunAndTheEpoch) {
-  // --max-steps 50 at global step 10: 40 left, 32 of them in this epoch, 8 in the next.
+  // --max-steps 50 (the run's last global step) at global step 10: 40 left, 32 of them in this
+  // epoch, 8 in the next.
   StepsLeft left = steps_left({0, 3, 9, 42, 10, 50});
   EXPECT_EQ(left.epoch, 32);
   EXPECT_EQ(left.run, 40);
@@ -58,7 +59,7 @@ TEST(StepsLeft, AResumedRunCountsFromItsGlobalStep) {
 
 TEST(StepsLeft, AnEpochLongerThanPlannedNeverGoesNegative) {
   // An epoch has steps_per_epoch steps, give or take one.
-  const StepsLeft left = steps_left({0, 2, 42, 42, 43, 0});
+  const StepsLeft left = steps_left({0, 2, 42, 42, 43, 85});
   EXPECT_EQ(left.epoch, 0);
   EXPECT_EQ(left.run, 42);
   EXPECT_EQ(left.evaluations, 2);

@@ -262,6 +262,30 @@ TEST(Placement, Describes) {
   EXPECT_EQ(p.describe(), "CPU, no communication");
 }
 
+TEST(Placement, MpiThreadLevel) {
+  // Note [MPI thread level]: the GPU's MPI backend needs MPI_THREAD_SERIALIZED, the rest
+  // MPI_THREAD_FUNNELED.
+  Placement gpu_mpi;
+  gpu_mpi.cuda = true;
+  gpu_mpi.backend = CommBackendKind::kMpi;
+  try {
+    hpc_train::check_mpi_thread_level(gpu_mpi, MPI_THREAD_FUNNELED);
+    ADD_FAILURE() << "MPI_THREAD_FUNNELED accepted for the MPI backend on a GPU";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI granted MPI_THREAD_FUNNELED"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs MPI_THREAD_SERIALIZED"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(hpc_train::check_mpi_thread_level(gpu_mpi, MPI_THREAD_SERIALIZED));
+  Placement gpu_nccl = gpu_mpi;
+  gpu_nccl.backend = CommBackendKind::kNccl;
+  EXPECT_NO_THROW(hpc_train::check_mpi_thread_level(gpu_nccl, MPI_THREAD_FUNNELED));
+  const Placement cpu;  // CPU, mpi
+  EXPECT_NO_THROW(hpc_train::check_mpi_thread_level(cpu, MPI_THREAD_FUNNELED));
+  EXPECT_THROW(hpc_train::check_mpi_thread_level(cpu, MPI_THREAD_SINGLE), ConfigError);
+}
+
 TEST(Placement, ChoosesTheDevice) {
   EXPECT_EQ(hpc_train::choose_cuda_device(0, 1), 0);
   EXPECT_EQ(hpc_train::choose_cuda_device(3, 1), 0);  // its only GPU

@@ -19,6 +19,7 @@ const char* comm_backend_name(CommBackendKind kind) {
   return kind == CommBackendKind::kNccl ? "nccl" : kind == CommBackendKind::kNone ? "none" : "mpi";
 }
 
+Work::Work() = default;
 Work::Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Work::Work(Work&&) noexcept = default;
 

@@ -284,14 +284,31 @@ int64_t Communicator::all_reduce_count(int64_t value, ReduceOp op, const std::st
   return result;
 }
 
-void Communicator::all_reduce_doubles(std::vector<double>& values, ReduceOp op,
-                                      const std::string& label) {
+namespace {
+
+Work all_reduce_host_doubles(std::vector<double>& values, ReduceOp op, MPI_Comm comm,
+                             const std::shared_ptr<CommWatchdog>& watchdog,
+                             const std::string& label) {
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values.data(),
                            mpi_count(static_cast<int64_t>(values.size()), "all_reduce"),
-                           MPI_DOUBLE, mpi_op(op), comm_, &request));
-  make_work(request, watchdog_, "all_reduce", label,
-            static_cast<int64_t>(values.size() * sizeof(double))).wait();
+                           MPI_DOUBLE, mpi_op(op), comm, &request));
+  return make_work(request, watchdog, "all_reduce", label,
+                   static_cast<int64_t>(values.size() * sizeof(double)));
+}
+
+}  // namespace
+
+void Communicator::all_reduce_doubles(std::vector<double>& values, ReduceOp op,
+                                      const std::string& label) {
+  all_reduce_host_doubles(values, op, comm_, watchdog_, label).wait();
+}
+
+Work Communicator::start_all_reduce_doubles(std::vector<double>& values, ReduceOp op,
+                                            const std::string& label) {
+  Work work = all_reduce_host_doubles(values, op, comm_, nullptr, label);
+  work.test();  // MPI progresses a collective inside its calls: a first step now
+  return work;
 }
 
 std::vector<int64_t> Communicator::gather_count(int64_t value, int root, const std::string& label) {

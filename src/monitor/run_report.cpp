@@ -65,13 +65,9 @@ nlohmann::json StepBreakdown::to_json() const {
 
 StepsLeft steps_left(const StepPosition& at) {
   StepsLeft left;
-  // An epoch has steps_per_epoch steps, give or take one (trainer.cpp): never below 0.
-  left.epoch = std::max<int64_t>(0, at.steps_per_epoch - (at.step_in_epoch + 1));
-  left.run = left.epoch + std::max(0, at.epochs - at.epoch - 1) * at.steps_per_epoch;
-  if (at.max_steps > 0) {
-    left.run = std::min(left.run, std::max<int64_t>(0, at.max_steps - at.global_step));
-    left.epoch = std::min(left.epoch, left.run);
-  }
+  left.run = std::max<int64_t>(0, at.last_global_step - at.global_step);
+  left.epoch =
+      std::min(left.run, std::max<int64_t>(0, at.steps_per_epoch - (at.step_in_epoch + 1)));
   // This epoch's end is still to come (an epoch stopped by --max-steps is evaluated too), then
   // one for each (part of an) epoch of the steps after it.
   const int64_t later_steps = left.run - left.epoch;
@@ -258,13 +254,16 @@ void RunReporter::say(const char* format, ...) {
 }
 
 void RunReporter::run_start(const RunStart& s) {
+  std::string steps_per_epoch = std::to_string(s.steps_per_epoch);
+  if (s.steps_per_epoch_max != s.steps_per_epoch)
+    steps_per_epoch += "-" + std::to_string(s.steps_per_epoch_max);
   say("Training %s (%lld parameters, %s, ZeRO stage %d) on %d rank(s) (rank 0: %s): %lld samples, "
-      "%lld steps per epoch, global batch %lld (%d x %d micro-steps x %d ranks)\n"
+      "%s steps per epoch, %lld steps in all, global batch %lld (%d x %d micro-steps x %d ranks)\n"
       "Per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB; "
       "%zu gradient buckets\n",
       s.model.c_str(), static_cast<long long>(s.parameters), s.precision.c_str(), s.zero_stage,
       s.world_size, s.placement.c_str(), static_cast<long long>(s.train_samples),
-      static_cast<long long>(s.steps_per_epoch),
+      steps_per_epoch.c_str(), static_cast<long long>(s.total_steps),
       static_cast<long long>(int64_t{s.micro_batch} * s.grad_accum * s.world_size), s.micro_batch,
       s.grad_accum, s.world_size, s.memory.parameters / 1e6, s.memory.gradients / 1e6,
       s.memory.optimizer_state / 1e6, s.buckets);

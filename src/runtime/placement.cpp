@@ -207,6 +207,33 @@ void copy_cut(char* destination, size_t capacity, const std::string& source) {
 
 }  // namespace
 
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    default: return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+}  // namespace
+
+void check_mpi_thread_level(const Placement& placement, int granted) {
+  const bool gpu_mpi = placement.cuda && placement.backend == CommBackendKind::kMpi;
+  const int needed = gpu_mpi ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
+  if (granted >= needed) return;
+  throw ConfigError(std::string("MPI granted ") + thread_level_name(granted) + " (asked for " +
+                    "MPI_THREAD_MULTIPLE); " +
+                    (gpu_mpi ? "the MPI backend on a GPU calls MPI from autograd's device "
+                               "thread and needs "
+                             : "training needs ") +
+                    thread_level_name(needed) +
+                    (gpu_mpi ? ": use the NCCL backend, or an MPI built with thread support"
+                             : ": use an MPI built with thread support"));
+}
+
 Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const RankDevices& mine,
                             bool nccl_built) {
   int rank = 0, size = 1;

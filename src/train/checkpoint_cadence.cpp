@@ -25,6 +25,12 @@ bool CheckpointCadence::minutes_elapsed() const {
   return every_minutes_ > 0 && since_checkpoint_.elapsed_ms() >= every_minutes_ * kMsPerMinute;
 }
 
+bool CheckpointCadence::take_minutes_elapsed() {
+  if (!minutes_elapsed()) return false;
+  since_checkpoint_.restart();
+  return true;
+}
+
 const char* CheckpointCadence::due(int64_t global_step, bool minutes_elapsed_on_rank_0) const {
   if (every_steps_ > 0 && global_step % every_steps_ == 0) return steps_reason_.c_str();
   if (minutes_elapsed_on_rank_0) return minutes_reason_.c_str();

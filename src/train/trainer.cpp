@@ -32,13 +32,16 @@
 #include "hpc_train/monitor/metrics.h"
 #include "hpc_train/model/models.h"
 #include "hpc_train/comm/reducer.h"
+#include "hpc_train/train/run_length.h"
 #include "hpc_train/train/run_options.h"
+#include "hpc_train/train/step_agreement.h"
 #include "hpc_train/monitor/run_report.h"
 #include "hpc_train/train/graphed_step.h"
 #include "hpc_train/runtime/cuda_profiler.h"
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/startup_phases.h"
 #include "hpc_train/runtime/stop_signal.h"
+#include "hpc_train/runtime/test_fault.h"
 #include "hpc_train/train/training_state.h"
 #include "hpc_train/optim/zero_optimizer.h"
 
@@ -123,6 +126,7 @@ struct Trainer::Impl {
   std::optional<SampleStore> store;  // --data-store memory (sample_store.h)
   bool train_split_resident = false;
   torch::Tensor interval_loss;       // summed micro-batch losses since the last log (fp64 [])
+  int64_t interval_loss_micro_steps = 0;  // how many are in it
   // Inputs and convolution weights in NHWC (cuDNN's fast layout on tensor cores; Note
   // [Channels-last weights] in flat_parameters.h)
   bool channels_last = false;
@@ -167,6 +171,8 @@ struct Trainer::Impl {
       const bool test_split_resident = keep_test_split_resident(config, info, gpu);
       resident_upload = std::async(std::launch::async, [this, test_split_resident] {
         const c10::DeviceGuard on_device(device);  // the thread's own current device
+        if (test_fault("resident-upload", comm.rank()))  // Note [Test faults]
+          throw Error("test fault: the upload of the resident train split failed");
         train_input->keep_split_resident(dataset, Split::kTrain);
         if (test_split_resident) evaluator->keep_split_resident();
       });
@@ -187,8 +193,11 @@ struct Trainer::Impl {
     // --init-weights on every rank, before the broadcast, which then only confirms what every
     // rank read.
     if (!config.init_weights.empty()) {
+      const std::string init_weights = test_fault("init-weights", comm.rank())  // Note [Test faults]
+                                           ? config.init_weights + ".missing-on-this-rank"
+                                           : config.init_weights;
       const WeightsMatch match = load_initial_weights(
-          config.init_weights, config.init_weights_partial, *model, config.model);
+          init_weights, config.init_weights_partial, *model, config.model);
       reporter.say("%s\n", describe_weights_loaded(match, config.init_weights).c_str());
     }
     model->to(device, dtype);
@@ -222,6 +231,8 @@ struct Trainer::Impl {
     // Note [Channels-last weights]
     flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),
                           /*channels_last_weights=*/channels_last);
+    if (test_fault("alloc", comm.rank()))  // Note [Test faults]: more bytes than any node has
+      torch::empty({int64_t{1} << 58}, torch::TensorOptions().dtype(torch::kFloat).device(device));
     // Every rank starts from rank 0's parameters and buffers.
     comm.broadcast(flat.values(), 0).wait();
     broadcast_buffers(*model, comm);
@@ -244,23 +255,25 @@ struct Trainer::Impl {
   }
 
   // Returns the losses summed since the last call and starts a new sum (waits for the device).
-  double take_interval_loss() {
-    const double sum = interval_loss.item<double>();
+  LossSum take_interval_loss() {
+    const LossSum taken{interval_loss.item<double>(), interval_loss_micro_steps};
     interval_loss.zero_();
-    return sum;
+    interval_loss_micro_steps = 0;
+    return taken;
   }
 
   // Note [Gradient averaging]
   // Each rank's loss is the mean over its micro-batch, and every rank's micro-batch has the same
   // size (the epoch plan pads or drops so that it does). The gradient of the mean loss over the
-  // global batch (world size W ranks x grad_accum micro-steps) is then the sum, over ranks and
-  // micro-steps, of each micro-batch's gradient divided by W * grad_accum. So backward runs as
-  // on loss * loss_scale / (W * grad_accum) (it starts from that factor, the optimizer's
-  // loss_gradient), the micro-steps add up in the parameters' gradients
-  // (collected into the flat buffer at the last one), and the collectives sum over ranks: no
-  // division pass, and fp16 sums stay small. N ranks with micro-batch b then match 1 rank with
-  // batch N*b, and 2 micro-steps of b match 1 of 2b.
-  void forward_backward(const DeviceBatch& batch, bool sync, IntervalTimes& times) {
+  // global batch (world size W ranks x G micro-steps of the update) is then the sum, over ranks
+  // and micro-steps, of each micro-batch's gradient divided by W * G. So backward runs as on
+  // loss * loss_scale / (W * G) (it starts from that factor, the optimizer's loss_gradient), the
+  // micro-steps add up in the parameters' gradients (collected into the flat buffer at the last
+  // one), and the collectives sum over ranks: no division pass, and fp16 sums stay small. N
+  // ranks with micro-batch b then match 1 rank with batch N*b, and 2 micro-steps of b match 1
+  // of 2b. G is --grad-accum, or fewer in the run's final partial window (Note [Run length]).
+  void forward_backward(const DeviceBatch& batch, bool sync, int window_micro_steps,
+                        IntervalTimes& times) {
     Stopwatch phase;
     if (placement.cuda)  // Note [cuDNN autotuning] (run_options.h)
       at::globalContext().setBenchmarkCuDNN(cudnn_autotunes(config, batch.labels.size(0)));
@@ -270,7 +283,7 @@ struct Trainer::Impl {
     times.forward_ms += phase.elapsed_ms();
     phase.restart();
     reducer->begin_backward(sync);
-    const double averaging = 1.0 / (comm.size() * static_cast<double>(config.grad_accum));
+    const double averaging = 1.0 / (comm.size() * static_cast<double>(window_micro_steps));
     loss.backward(optimizer->loss_gradient(loss, averaging));
     times.backward_ms += phase.elapsed_ms();
     if (sync) {
@@ -310,8 +323,11 @@ struct Trainer::Impl {
   double log_interval(const StepPosition& at, IntervalTimes& times) {
     const StepReport report = optimizer->report();
     const double steps = static_cast<double>(std::max<int64_t>(1, times.steps));
-    const double loss = comm.all_reduce_scalar(times.loss_sum) /
-                        (comm.size() * steps * config.grad_accum);
+    // Over the micro-steps whose losses the interval holds: an update's window may have begun
+    // in the epoch before (Note [Run length]).
+    const double loss =
+        comm.all_reduce_scalar(times.loss_sum) /
+        (comm.size() * static_cast<double>(std::max<int64_t>(1, times.loss_micro_steps)));
     const double interval_ms = times.wall.elapsed_ms();
     IntervalReport line;
     line.at = at;
@@ -335,21 +351,6 @@ struct Trainer::Impl {
     return loss;
   }
 
-  // What the ranks decide alike after a step, from one collective: a stop signal on any rank
-  // (stop_signal.h; 0 = go on), and whether rank 0's checkpoint clock has run out (Note
-  // [Checkpoint clock] in checkpoint_cadence.h).
-  struct AfterStep {
-    int stop_signal = 0;
-    bool checkpoint_minutes_elapsed = false;
-  };
-  AfterStep agree_after_step(const CheckpointCadence& cadence) {
-    // The maximum over the ranks: any rank's signal; rank 0's clock, the others answering 0.
-    std::vector<double> local = {static_cast<double>(stop_signal_received()),
-                                 comm.rank() == 0 && cadence.minutes_elapsed() ? 1.0 : 0.0};
-    if (comm.size() > 1) comm.all_reduce_doubles(local, ReduceOp::kMax, "after step");
-    return {static_cast<int>(local[0]), local[1] > 0};
-  }
-
   // A checkpoint's position at this run's micro-batch and accumulation (Note [Resume position]).
   TrainingPosition position(int64_t global_step, int64_t micro_step, int64_t epoch,
                             int64_t micro_steps_in_epoch, int64_t samples_in_epoch) {
@@ -364,16 +365,26 @@ struct Trainer::Impl {
     const EpochTail tail = config.drop_last ? EpochTail::kDrop : EpochTail::kPad;
     const int64_t rank_samples = samples_for_rank(info.train_size, comm.size(), comm.rank(), tail);
     const int64_t micro_steps_per_epoch = batches_per_epoch(rank_samples, config.micro_batch);
-    // Micro-steps carry over epoch boundaries (as DeepSpeed counts them), so an epoch has this
-    // many optimizer steps, give or take one.
-    const int64_t steps_per_epoch = std::max<int64_t>(1, micro_steps_per_epoch / config.grad_accum);
-    int64_t total_steps = steps_per_epoch * config.epochs;
-    if (config.max_steps > 0) total_steps = std::min(total_steps, config.max_steps);
-    optimizer->set_lr_schedule(LrSchedule(lr_schedule_options(config, total_steps)).params());
+    // Note [Run length]: the session's micro-steps, from the resumed position's on, and the
+    // updates they make, which the LR schedule plans.
+    const int64_t first_epoch_micro_steps = batches_per_epoch(
+        samples_for_rank(std::max<int64_t>(0, info.train_size - start.samples_in_epoch),
+                         comm.size(), comm.rank(), tail),
+        config.micro_batch);
+    const RunLength run_length(static_cast<int>(start.epoch), config.epochs,
+                               first_epoch_micro_steps, micro_steps_per_epoch, config.grad_accum,
+                               start.global_step, config.max_steps);
+    // What the log announces: an epoch's updates, give or take one (Note [Run length]).
+    const int64_t steps_per_epoch = micro_steps_per_epoch / config.grad_accum;
+    const int64_t steps_per_epoch_max =
+        (micro_steps_per_epoch + config.grad_accum - 1) / config.grad_accum;
+    optimizer->set_lr_schedule(
+        LrSchedule(lr_schedule_options(config, run_length.last_global_step())).params());
 
     const RunStart run_start{config.model,      flat.numel(),       to_string(config.precision),
                              config.zero_stage, comm.size(),        placement.describe(),
-                             info.train_size,   steps_per_epoch,    config.micro_batch,
+                             info.train_size,   steps_per_epoch,    steps_per_epoch_max,
+                             run_length.last_global_step(),         config.micro_batch,
                              config.grad_accum, memory(),           reducer->num_buckets()};
     reporter.run_start(run_start);
     TrainSummary summary = starting_summary(run_start);
@@ -383,8 +394,7 @@ struct Trainer::Impl {
     // Note [Step position]: the run's constants; after() places each step.
     StepPosition run_steps;
     run_steps.epochs = config.epochs;
-    run_steps.steps_per_epoch = steps_per_epoch;
-    run_steps.max_steps = config.max_steps;
+    run_steps.last_global_step = run_length.last_global_step();
     run_steps.global_batch = summary.global_batch;
     if (placement.cuda && !model->forward_flops_per_sample())
       reporter.say("MFU: unknown for %s (hpc_train counts the FLOPs of its built-in models "
@@ -392,13 +402,19 @@ struct Trainer::Impl {
 
     int64_t global_step = start.global_step;  // optimizer steps taken or skipped
     int64_t micro_step = start.micro_step;    // over the whole run
+    int64_t session_micro_step = 0;           // this session's micro-steps (Note [Run length])
     // Micro-steps accumulated towards the next update; checkpoints (hence resumes) fall where
     // it is 0, so a resumed run's first update is a whole one at its own --grad-accum.
     int64_t micro_steps_since_update = 0;
+    // An epoch that ended inside an update has its epoch-end checkpoint at that update's end.
+    bool epoch_end_checkpoint_due = false;
+    // The losses of an update's micro-steps before an epoch's end, for the next log interval.
+    LossSum carried_loss;
     // The step a CUDA graph captures (GraphedStep): host timers mean nothing inside a capture.
+    // Captured only without accumulation (capture_steps), so its window is one micro-step.
     const auto enqueue_whole_step = [&](const DeviceBatch& static_batch) {
       IntervalTimes ignored;
-      forward_backward(static_batch, /*sync=*/true, ignored);
+      forward_backward(static_batch, /*sync=*/true, /*window_micro_steps=*/1, ignored);
       optimizer->step();
     };
     CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
@@ -406,6 +422,7 @@ struct Trainer::Impl {
     ThroughputClock throughput(start.global_step + 1);
     StorageReadClock storage_reads;
     CheckpointCadence checkpoint_cadence(config.checkpoint_every, config.checkpoint_every_minutes);
+    StepAgreement agreement(comm);  // Note [Stop agreement]
     bool reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
     for (int epoch = static_cast<int>(start.epoch);
          epoch < config.epochs && !reached_max_steps && summary.stop_signal == 0; ++epoch) {
@@ -425,21 +442,32 @@ struct Trainer::Impl {
                            config.micro_batch, config.prefetch_batches, epoch,
                            consumed_micro_steps, train_split_resident,
                            store ? &*store : nullptr);
+      if (batches.batches() != run_length.micro_steps_in_epoch(epoch))
+        throw Error("internal: epoch " + std::to_string(epoch + 1) + " has " +
+                    std::to_string(batches.batches()) + " micro-batches, the run planned " +
+                    std::to_string(run_length.micro_steps_in_epoch(epoch)));
       const int64_t epoch_end_micro_steps = consumed_micro_steps + batches.batches();
       IntervalTimes times;
+      times.loss_sum = carried_loss.sum;
+      times.loss_micro_steps = carried_loss.micro_steps;
+      carried_loss = {};
       double epoch_loss_sum = 0.0;
       int64_t epoch_micro_steps = consumed_micro_steps;
       int64_t samples_in_epoch = first_position;  // positions consumed by all ranks together
-      int64_t step_in_epoch = consumed_micro_steps / config.grad_accum;
+      int64_t step_in_epoch = run_length.updates_done_in_epoch(epoch, consumed_micro_steps);
+      StepPosition epoch_steps = run_steps;
+      epoch_steps.steps_per_epoch = run_length.updates_in_epoch(epoch, consumed_micro_steps);
       // The last step taken, for the log, the bar and the epoch's end; until this epoch's first
       // step, the run's step before it.
-      StepPosition at = run_steps.after(epoch, step_in_epoch - 1, global_step);
+      StepPosition at = epoch_steps.after(epoch, step_in_epoch - 1, global_step);
       throughput.epoch_started();
       bool have_batch = batches.prepare_next(&times.data_wait_ms);
       while (have_batch) {
         const int64_t batch_size = batches.prepared_size();
         ++micro_step;
-        const bool sync = ++micro_steps_since_update == config.grad_accum;
+        ++micro_steps_since_update;
+        const int window_micro_steps = run_length.window_micro_steps(session_micro_step);
+        const bool sync = run_length.ends_update(session_micro_step++);
         if (micro_steps_since_update == 1) profiler_range.step_begins(global_step + 1);
         const bool graph_wanted =
             graphed_step->wanted(sync, buckets_rebuilt, batch_size == config.micro_batch,
@@ -457,12 +485,13 @@ struct Trainer::Impl {
                      graphed_step->run({in_model_layout(batch.input, channels_last), batch.labels},
                                        global_step, enqueue_whole_step, comm, reporter);
           if (!replayed) {
-            forward_backward(batch, sync, times);
+            forward_backward(batch, sync, window_micro_steps, times);
             if (sync) optimizer_step(times);
           }
         }
         if (sample_trace.on()) sample_trace.write(epoch, global_step + 1, batches.taken_indices());
         if (replayed) ++summary.graph_replays;
+        ++interval_loss_micro_steps;
         ++epoch_micro_steps;
         samples_in_epoch += batch_size * comm.size();  // every rank's batch has this size
         times.samples += batch_size;
@@ -475,13 +504,14 @@ struct Trainer::Impl {
         profiler_range.step_ended(global_step);
         if (!replayed) ++times.phase_timed_steps;
         reached_max_steps = config.max_steps > 0 && global_step >= config.max_steps;
-        at = run_steps.after(epoch, step_in_epoch, global_step);
-        const bool last_of_epoch =
-            step_in_epoch + 1 >= steps_per_epoch || reached_max_steps || !have_batch;
+        at = epoch_steps.after(epoch, step_in_epoch, global_step);
+        const bool last_of_epoch = step_in_epoch + 1 >= epoch_steps.steps_per_epoch ||
+                                   reached_max_steps || !have_batch;
         if ((step_in_epoch + 1) % config.log_every == 0 || last_of_epoch) {
-          const double interval_loss_sum = take_interval_loss();
-          times.loss_sum += interval_loss_sum;
-          epoch_loss_sum += interval_loss_sum;
+          const LossSum taken = take_interval_loss();
+          times.loss_sum += taken.sum;
+          times.loss_micro_steps += taken.micro_steps;
+          epoch_loss_sum += taken.sum;
           shown_loss = log_interval(at, times);
         }
         // After the log, which waits for the GPU at its interval: asynchronous steps are counted
@@ -490,30 +520,36 @@ struct Trainer::Impl {
           torch::cuda::synchronize();
           throughput.restart_after(global_step);
         } else {
-          throughput.step_ended(global_step, batch_size * config.grad_accum);
+          throughput.step_ended(global_step, batch_size * window_micro_steps);
         }
         reporter.progress(at, shown_loss);
         ++step_in_epoch;
         auto here = [&] {
           return position(global_step, micro_step, epoch, epoch_micro_steps, samples_in_epoch);
         };
-        const AfterStep agreed = agree_after_step(checkpoint_cadence);
+        const StepAgreement::Agreed agreed =
+            agreement.after_step(stop_signal_received(), checkpoint_cadence.take_minutes_elapsed());
         summary.stop_signal = agreed.stop_signal;
         if (summary.stop_signal != 0) {
           summary.last_checkpoint = checkpoints->save(here(), stop_signal_name(summary.stop_signal),
                                                       RunCheckpoints::Write::kNow);
           break;
         }
-        if (const char* why =
-                checkpoint_cadence.due(global_step, agreed.checkpoint_minutes_elapsed)) {
+        const char* why = epoch_end_checkpoint_due
+                              ? "epoch end"
+                              : checkpoint_cadence.due(global_step, agreed.checkpoint_minutes_elapsed);
+        if (why) {
           summary.last_checkpoint =
               checkpoints->save(here(), why, RunCheckpoints::Write::kBackground);
           checkpoint_cadence.checkpoint_written();
+          epoch_end_checkpoint_due = false;
         }
         if (reached_max_steps) break;
       }
-      // Micro-steps of an accumulation that carries over into the next epoch.
-      epoch_loss_sum += take_interval_loss();
+      // Micro-steps of an update that ends in the next epoch: this epoch's loss, and the next
+      // log interval's, whose update they belong to.
+      carried_loss = take_interval_loss();
+      epoch_loss_sum += carried_loss.sum;
       reporter.end_progress();
       if (summary.stop_signal != 0) break;
       EpochReport ended;
@@ -536,8 +572,9 @@ struct Trainer::Impl {
       ended.skipped_steps = report.skipped_steps;
       ended.loss_scale = report.loss_scale;
       reporter.epoch(ended);
-      // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside a gradient
-      // accumulation is not one.
+      // Checkpoints fall on optimizer-step boundaries: an epoch that ends inside an update has
+      // its checkpoint at that update's end (Note [Run length]).
+      if (config.checkpoint_epochs && micro_steps_since_update != 0) epoch_end_checkpoint_due = true;
       if (config.checkpoint_epochs && micro_steps_since_update == 0) {
         const TrainingPosition here =
             ended.complete
@@ -548,6 +585,7 @@ struct Trainer::Impl {
         checkpoint_cadence.checkpoint_written();
       }
     }
+    agreement.finish();
     checkpoints->wait_for_writes();  // Note [Background checkpoint writes]
     if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
       write_weights_safetensors(config.export_weights, model_checkpoint(info, *model, global_step));
@@ -574,19 +612,31 @@ struct Trainer::Impl {
   }
 };
 
+namespace {
+
+// `body`'s result; LibTorch's errors become ours, with LibTorch's own message and without its C++
+// backtrace.
+template <typename Body>
+auto without_libtorch_backtrace(Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
                  const TrainerOutput& output, Placement placement, StartupPhases* startup)
-    : impl_(std::make_unique<Impl>(config, dataset, comm, output, placement, startup)) {}
+    : impl_(without_libtorch_backtrace([&] {
+        return std::make_unique<Impl>(config, dataset, comm, output, placement, startup);
+      })) {}
 
 Trainer::~Trainer() = default;
 
 TrainSummary Trainer::run() {
-  try {
-    return impl_->run();
-  } catch (const c10::Error& e) {
-    // LibTorch's own message, without its C++ backtrace.
-    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
-  }
+  return without_libtorch_backtrace([this] { return impl_->run(); });
 }
 
 EvalResult Trainer::evaluate() { return impl_->evaluator->evaluate(*impl_->model); }

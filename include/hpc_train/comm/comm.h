@@ -48,7 +48,7 @@ class Work {
  public:
   class Impl;  // a backend's operation (comm_backend.h)
 
-  Work() = default;
+  Work();  // nothing to wait for (out of line: Impl is complete only in comm*.cpp)
   explicit Work(std::unique_ptr<Impl> impl);
   ~Work();
   Work(Work&&) noexcept;
@@ -194,6 +194,11 @@ class Communicator {
   // Element-wise, in place; the same length on every rank.
   void all_reduce_doubles(std::vector<double>& values, ReduceOp op = ReduceOp::kSum,
                           const std::string& label = {});
+  // The same, not waited for: `values` holds the result once the Work is waited for, and must
+  // live until then. Not watched: it is meant to stay unfinished while the caller goes on (Note
+  // [Stop agreement] in step_agreement.h).
+  Work start_all_reduce_doubles(std::vector<double>& values, ReduceOp op,
+                                const std::string& label = {});
   // Every rank's `value`, in rank order, at `root`; empty on the other ranks.
   std::vector<int64_t> gather_count(int64_t value, int root, const std::string& label = {});
   // Root's `values` to every rank (same length everywhere).

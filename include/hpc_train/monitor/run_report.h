@@ -91,12 +91,19 @@ struct TrainSummary {
   nlohmann::json to_json() const;
 };
 
+// Micro-batch losses added up, and how many.
+struct LossSum {
+  double sum = 0.0;
+  int64_t micro_steps = 0;
+};
+
 // One log interval's sums over its optimizer steps (times in milliseconds).
 struct IntervalTimes {
   int64_t steps = 0;
   int64_t phase_timed_steps = 0;  // eager steps (StepBreakdown)
   int64_t samples = 0;  // this rank's
-  double loss_sum = 0.0;
+  double loss_sum = 0.0;  // this rank's micro-batch losses in the interval's updates
+  int64_t loss_micro_steps = 0;  // how many
   double data_wait_ms = 0.0;
   double forward_ms = 0.0;
   double backward_ms = 0.0;
@@ -111,6 +118,7 @@ struct IntervalTimes {
     phase_timed_steps += other.phase_timed_steps;
     samples += other.samples;
     loss_sum += other.loss_sum;
+    loss_micro_steps += other.loss_micro_steps;
     data_wait_ms += other.data_wait_ms;
     forward_ms += other.forward_ms;
     backward_ms += other.backward_ms;
@@ -149,9 +157,9 @@ struct StepPosition {
   int epoch = 0;  // 0-based
   int epochs = 0;
   int64_t step_in_epoch = 0;  // 0-based
-  int64_t steps_per_epoch = 0;
+  int64_t steps_per_epoch = 0;  // this epoch's (Note [Run length] in run_length.h)
   int64_t global_step = 0;   // optimizer steps taken or skipped in the run, this one included
-  int64_t max_steps = 0;     // --max-steps (the run ends there); 0 = none
+  int64_t last_global_step = 0;  // the global step the run ends at (--max-steps included)
   int64_t global_batch = 0;  // samples one optimizer step takes, over all ranks
 
   // global_step x the global batch, as DeepSpeed counts global_samples (a padded epoch tail
@@ -228,7 +236,11 @@ struct RunStart {
   int world_size = 1;
   std::string placement;  // rank 0's
   int64_t train_samples = 0;
+  // Optimizer steps in an epoch: steps_per_epoch, or one more where accumulation windows carry
+  // over epoch boundaries (Note [Run length] in run_length.h)
   int64_t steps_per_epoch = 0;
+  int64_t steps_per_epoch_max = 0;
+  int64_t total_steps = 0;  // the run's last global step, as the LR schedule plans it
   int micro_batch = 0;
   int grad_accum = 1;
   MemoryBytes memory;

@@ -92,6 +92,20 @@ RankDevices probe_devices(const std::string& host, int local_rank);
 Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const RankDevices& mine,
                             bool nccl_built = nccl_available());
 
+// Note [MPI thread level]
+// Runtime asks MPI_Init_thread for MPI_THREAD_MULTIPLE; an MPI built without thread support
+// grants less, and what a rank then needs depends on its placement. On the CPU every MPI call of
+// the training comes from the main thread (autograd runs the gradient hooks, which start the
+// bucket collectives, on the thread that called backward; the loader's MPI-IO and the
+// watchdog's MPI calls are left out without MPI_THREAD_MULTIPLE): MPI_THREAD_FUNNELED will do.
+// On a GPU with the MPI backend, autograd runs those hooks on its own device thread, while the
+// main thread waits in backward and calls MPI before and after it (the step agreement's
+// all-reduce, Note [Stop agreement]): MPI from two threads, never at once, which takes
+// MPI_THREAD_SERIALIZED. NCCL's collectives are not MPI calls: the main thread's do with
+// MPI_THREAD_FUNNELED. Throws ConfigError naming the level granted and the one needed when
+// `granted` (MPI_Query_thread's answer) is below what `placement` needs.
+void check_mpi_thread_level(const Placement& placement, int granted);
+
 // Note [Early CUDA start]
 // A GPU rank's CUDA context (0.12 s on the H200 machine) and LibTorch's first use of cuBLAS and
 // cuDNN (most of the model phase's 0.26 s) wait for nothing that MPI decides, yet they came after

@@ -2,15 +2,18 @@
 // place on its node, and how a failure on one rank ends every rank.
 //
 // Two ways an error ends the job (Note [Ending the job]):
-//  - a *setup phase* that every rank reaches (config, dataset open, model build) runs through
-//    `run_agreed_phase`: the ranks agree by a collective that something failed, rank 0 prints
-//    each distinct message once with the ranks that raised it, and all ranks exit cleanly with
-//    the exception's exit code;
-//  - anywhere else (inside a step, where other ranks may be waiting in a collective) the
-//    exception reaches `run_or_abort`, which prints `[rank R@host] message` and calls
-//    MPI_Abort, so that no rank waits forever. On the way there the exception unwinds the
-//    stack: destructors that would wait for other ranks (a pending collective, a collective
-//    file close) skip that while std::uncaught_exceptions() > 0.
+//  - a *setup phase* in which no rank can fail while another waits in a collective (config,
+//    placement, dataset open) runs through `run_agreed_phase`: the ranks agree by a collective
+//    that something failed, rank 0 prints each distinct message once with the ranks that raised
+//    it, and all ranks exit cleanly with the exception's exit code;
+//  - anywhere else (the trainer's construction, which broadcasts the weights, and inside a
+//    step: wherever other ranks may be waiting in a collective) the exception reaches
+//    `run_or_abort`: the failing rank prints `[rank R@host] error: message` at once and calls
+//    MPI_Abort, so that no rank waits forever (a rank in an agreement while the others wait in
+//    a broadcast would leave the job to the watchdog, or to no one with --comm-timeout 0, and
+//    its message unprinted). Ranks that fail alike print alike. On the way there the exception
+//    unwinds the stack: destructors that would wait for other ranks (a pending collective, a
+//    collective file close) skip that while std::uncaught_exceptions() > 0.
 #pragma once
 
 #include <mpi.h>
@@ -52,6 +55,7 @@ class Runtime {
   int local_size() const { return local_size_; }
   const std::string& hostname() const { return hostname_; }
   bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+  int thread_level() const { return thread_level_; }  // as MPI_Init_thread granted it
   MPI_Comm world() const { return MPI_COMM_WORLD; }
   // "rank R@host", the prefix of every message that names a rank.
   std::string rank_label() const;

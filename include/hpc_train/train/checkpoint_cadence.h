@@ -18,9 +18,11 @@ namespace hpc_train {
 // the ranks' clocks do not agree (each step ends on each rank at its own moment). So rank 0's
 // clock decides, and its answer travels in the collective that the trainer already runs after
 // every step to agree on a stop signal: one all-reduce (maximum) of [stop signal, clock's
-// answer], in which the other ranks answer 0. No collective is added to a step. The clock
-// starts with the run's steps and again at every checkpoint written, whatever wrote it (the
-// step rule, an epoch's end): the time at risk is the time since the newest checkpoint.
+// answer], in which the other ranks answer 0, posted after a step and acted on after the next
+// (Note [Stop agreement] in step_agreement.h). No collective is added to a step. The clock
+// starts with the run's steps, again when it asks for a checkpoint, and again at every
+// checkpoint written, whatever wrote it (the step rule, an epoch's end): the time at risk is
+// the time since the newest checkpoint.
 class CheckpointCadence {
  public:
   // `every_steps` (--checkpoint-every) and `every_minutes` (--checkpoint-every-minutes), 0 =
@@ -31,6 +33,12 @@ class CheckpointCadence {
   // since the last checkpoint written; false when the rule is off. Only rank 0's answer is
   // used (Note [Checkpoint clock]).
   bool minutes_elapsed() const;
+
+  // minutes_elapsed(), and a true answer starts the clock again. The trainer asks this after each
+  // step: its answer travels to the other ranks and the checkpoint it asks for is written a step
+  // later (Note [Stop agreement] in step_agreement.h); asked again meanwhile, the clock would
+  // ask for a second one.
+  bool take_minutes_elapsed();
 
   // Why a checkpoint is due after optimizer step `global_step`, given rank 0's answer of
   // minutes_elapsed() as every rank agreed on it: the rule that fired ("every 50 steps",

@@ -158,25 +158,37 @@ void checkpoint_and_safetensors_seeds() {
                }));
 
     if (fp16) {
-      // Version 1, as its writer left it: without the attributes that version 2 added.
-      const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      // Older versions, as their writers left them: version 2 without the CUDA generator's state
+      // that version 3 added, version 1 also without the attributes that version 2 added.
+      const auto set_version = [](hid_t file, int64_t version) {
+        H5Adelete(file, "format_version");
+        const hid_t space = H5Screate(H5S_SCALAR);
+        const hid_t attribute =
+            H5Acreate2(file, "format_version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+        H5Awrite(attribute, H5T_NATIVE_INT64, &version);
+        H5Aclose(attribute);
+        H5Sclose(space);
+      };
+      const auto reads_as = [](int version) {
+        return [version](const std::string& rebuilt) {
+          if (read_checkpoint(rebuilt).format_version != version)
+            throw Error("the version " + std::to_string(version) + " seed reads as another version");
+        };
+      };
+      hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      H5Ldelete(file, "/training/cuda_rng_state", H5P_DEFAULT);
+      set_version(file, 2);
+      H5Fclose(file);
+      write_seed("checkpoint", "fp16_version2", checked_recipe(path, reads_as(2)));
+
+      file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
       for (const auto& [object, attribute] :
            {std::pair{"/training", "samples_in_epoch"}, {"/training", "micro_batch"},
-            {"/training", "grad_accum"}, {"/loss_scaler", "dynamic"}, {"/", "format_version"}})
+            {"/training", "grad_accum"}, {"/loss_scaler", "dynamic"}})
         H5Adelete_by_name(file, object, attribute, H5P_DEFAULT);
-      const int64_t version = 1;
-      const hid_t space = H5Screate(H5S_SCALAR);
-      const hid_t attribute =
-          H5Acreate2(file, "format_version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-      H5Awrite(attribute, H5T_NATIVE_INT64, &version);
-      H5Aclose(attribute);
-      H5Sclose(space);
+      set_version(file, 1);
       H5Fclose(file);
-      const auto version_1 = [](const std::string& rebuilt) {
-        if (read_checkpoint(rebuilt).format_version != 1)
-          throw Error("the version 1 seed reads as another version");
-      };
-      write_seed("checkpoint", "fp16_version1", checked_recipe(path, version_1));
+      write_seed("checkpoint", "fp16_version1", checked_recipe(path, reads_as(1)));
     }
 
     const std::string weights = fuzz::scratch_path(name + ".safetensors");

@@ -36,6 +36,10 @@ hpc_train_add_test(NAME test_buckets SOURCES test_buckets.cpp RANKS 1)
 hpc_train_add_test(NAME test_zero SOURCES test_zero.cpp RANKS 1 2 3 TIMEOUT 300
                    LIBS hpc_train_engine hpc_train_test_support)
 hpc_train_add_script_test(NAME test_deepspeed_run SCRIPT test_deepspeed_run.sh TIMEOUT 300)
+# Note [Gradient precision]: --grad-accum-dtype fp32 and --comm-dtype fp32 in bf16 and fp16,
+# measured against the fp32 run, at 1 and 3 ranks.
+hpc_train_add_test(NAME test_gradient_precision SOURCES test_gradient_precision.cpp RANKS 1 3
+                   TIMEOUT 300 LIBS hpc_train_engine hpc_train_test_support)
 
 # Our kernels' per-thread work run on the CPU against LibTorch: the fused pooling's (Note [Fused
 # pooling]) and the cross-entropy's (Note [Fused cross-entropy]); the GPU build's
@@ -56,12 +60,17 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_test(NAME test_fused_kernels
                      SOURCES test_fused_pooling.cpp test_fused_cross_entropy.cpp RANKS 1
                      TIMEOUT 300 LIBS hpc_train_engine LABELS gpu)
+  # Note [Failed capture]: a capture that fails half-way through the backward (a test fault)
+  # leaves nothing behind; the eager steps that follow end as an eager run does.
+  hpc_train_add_script_test(NAME test_capture_failure_gpu SCRIPT test_capture_failure.sh
+                            TIMEOUT 300 LABELS gpu)
 endif()
 
 # The same equivalence tests on the GPU (ctest -L gpu on the GPU machine): one rank with NCCL,
 # three ranks sharing the one GPU through the MPI backend.
 if(HPC_TRAIN_GPU_BUILD)
-  foreach(case test_zero:1 test_zero:3 test_equivalence:3)
+  foreach(case test_zero:1 test_zero:3 test_equivalence:3 test_gradient_precision:1
+          test_gradient_precision:3)
     string(REPLACE ":" ";" parts ${case})
     list(GET parts 0 name)
     list(GET parts 1 ranks)

@@ -12,6 +12,10 @@ hpc_train_add_script_test(NAME test_resume_reshape SCRIPT test_resume_reshape.sh
 if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_resume_scaler_gpu SCRIPT test_resume_scaler.sh TIMEOUT 300
                             LABELS gpu)
+  # Note [Random state in checkpoints]: dropout on the GPU continues its masks across a resume,
+  # after eager steps and after graph replays (vgg11_bn).
+  hpc_train_add_script_test(NAME test_resume_dropout_gpu SCRIPT test_resume_dropout.sh
+                            TIMEOUT 600 LABELS gpu)
 endif()
 # --checkpoint-every-minutes: checkpoints where rank 0's clock says, every rank following (the
 # files complete, the run bitwise unchanged, a mid-epoch one resumable), none but the epoch

@@ -92,6 +92,7 @@ void expect_bitwise_equal(const Checkpoint& actual, const Checkpoint& expected) 
   EXPECT_EQ(actual.loss_scaler.last_overflow_step, expected.loss_scaler.last_overflow_step);
   EXPECT_EQ(actual.loss_scaler.skipped_steps, expected.loss_scaler.skipped_steps);
   EXPECT_EQ(actual.rng_state, expected.rng_state);
+  EXPECT_EQ(actual.cuda_rng_state, expected.cuda_rng_state);
   ASSERT_EQ(actual.model_state.size(), expected.model_state.size());
   for (size_t i = 0; i < actual.model_state.size(); ++i) {
     const CheckpointTensor& a = actual.model_state[i];
@@ -494,14 +495,14 @@ TEST_F(CheckpointTest, BadFilesGiveADataErrorNamingTheFile) {
   });
   expect_data_error(other_format, {"not an hpc_train checkpoint", "\"something\""});
 
-  const std::string version = copy("version-3.h5");
+  const std::string version = copy("version-4.h5");
   edit_file(version, [](hid_t file) {
     const hid_t attribute = H5Aopen(file, "format_version", H5P_DEFAULT);
-    const int64_t three = 3;
-    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &three), 0);
+    const int64_t four = 4;
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &four), 0);
     H5Aclose(attribute);
   });
-  expect_data_error(version, {"format_version 3", "(1 to 2)"});
+  expect_data_error(version, {"format_version 4", "(1 to 3)"});
 
   const std::string no_epoch = copy("no-epoch.h5");
   edit_file(no_epoch, [](hid_t file) {
@@ -584,6 +585,60 @@ TEST_F(CheckpointTest, Version1FilesReadWithTheirUnknownsMarked) {
     ASSERT_GE(H5Adelete_by_name(file, "training", "samples_in_epoch", H5P_DEFAULT), 0);
   });
   expect_error<DataError>([&] { read_checkpoint(incomplete); }, {incomplete, "samples_in_epoch"});
+}
+
+// Note [Random state in checkpoints]: version 3 added the CUDA generator's state. A version 2
+// file (written before) reads with none, which the resume takes as "leave the CUDA generator as
+// seeded", what version 2 resumes did; a version 3 file without it is refused, naming it.
+TEST_F(CheckpointTest, Version2FilesReadWithoutCudaRngState) {
+  const Checkpoint written = realistic_checkpoint(6);
+  ASSERT_EQ(written.cuda_rng_state.size(), 16u);
+  const std::string path = own("version-2.h5");
+  write_checkpoint(MPI_COMM_SELF, path, written);
+  const Checkpoint current = read_checkpoint(path);
+  EXPECT_EQ(current.format_version, 3);
+  EXPECT_EQ(current.cuda_rng_state, written.cuda_rng_state);
+
+  // As a version 2 writer left it: no /training/cuda_rng_state.
+  edit_file(path, [](hid_t file) {
+    const hid_t attribute = H5Aopen(file, "format_version", H5P_DEFAULT);
+    const int64_t two = 2;
+    ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &two), 0);
+    H5Aclose(attribute);
+    ASSERT_GE(H5Ldelete(file, "/training/cuda_rng_state", H5P_DEFAULT), 0);
+  });
+  const Checkpoint read = read_checkpoint(path);
+  EXPECT_EQ(read.format_version, 2);
+  EXPECT_TRUE(read.cuda_rng_state.empty());
+  Checkpoint expected = written;
+  expected.format_version = 2;
+  expected.cuda_rng_state.clear();
+  EXPECT_EQ(read.rng_state, expected.rng_state);
+  EXPECT_EQ(read.position.samples_in_epoch, expected.position.samples_in_epoch);
+  expect_same_floats(read.master, expected.master, "master");
+
+  // The same dataset missing from a version 3 file is an error naming it.
+  const std::string incomplete = own("version-3-incomplete.h5");
+  write_checkpoint(MPI_COMM_SELF, incomplete, written);
+  edit_file(incomplete, [](hid_t file) {
+    ASSERT_GE(H5Ldelete(file, "/training/cuda_rng_state", H5P_DEFAULT), 0);
+  });
+  expect_data_error(incomplete, {"missing dataset /training/cuda_rng_state"});
+
+  // It is checksummed like every dataset.
+  const std::string flipped = own("flipped-cuda-rng.h5");
+  write_checkpoint(MPI_COMM_SELF, flipped, written);
+  haddr_t offset = HADDR_UNDEF;
+  edit_file(flipped, [&](hid_t file) {
+    const hid_t dataset = H5Dopen2(file, "/training/cuda_rng_state", H5P_DEFAULT);
+    offset = H5Dget_offset(dataset);
+    H5Dclose(dataset);
+  });
+  ASSERT_NE(offset, HADDR_UNDEF);
+  std::vector<uint8_t> corrupt = read_bytes(flipped);
+  corrupt.at(offset + 3) ^= 0x01;
+  write_bytes(flipped, corrupt);
+  expect_data_error(flipped, {"/training/cuda_rng_state is corrupt", "crc32"});
 }
 
 TEST_F(CheckpointTest, WeightsExportHoldsTheModelAndItsMetadata) {

@@ -358,7 +358,7 @@ TEST(NcclWatchdog, WatchedReplaysFinishQuietly) {
   const bool captured = graph.capture([&] {
     t.mul_(2);
     comm.all_reduce(t, ReduceOp::kSum, "captured bucket").wait();
-  }, &why);
+  }, /*discard_step=*/[] {}, &why);
   comm.set_capturing(false);
   ASSERT_TRUE(captured) << why;
   for (int step = 1; step <= 5; ++step) graph.replay(comm, "step " + std::to_string(step));

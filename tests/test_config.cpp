@@ -360,6 +360,45 @@ TEST_F(ConfigTest, FusedKernelSwitches) {
       << message;
 }
 
+// Note [Gradient precision]: --grad-accum-dtype [zero] and --comm-dtype [comm], model (the
+// default: runs as before) or fp32, from the command line and the INI file, in --help and
+// to_ini; any other name is refused (UnknownChoiceNamesTheOptionValueAndNames).
+TEST_F(ConfigTest, GradientDtypeOptions) {
+  EXPECT_EQ(TrainConfig{}.grad_accum_dtype, GradientDtype::kModel);
+  EXPECT_EQ(TrainConfig{}.comm_dtype, GradientDtype::kModel);
+  TrainConfig c = parse({"--precision", "bf16", "--grad-accum", "8", "--grad-accum-dtype", "fp32",
+                         "--comm-dtype", "fp32"})
+                      .config;
+  EXPECT_EQ(c.grad_accum_dtype, GradientDtype::kFp32);
+  EXPECT_EQ(c.comm_dtype, GradientDtype::kFp32);
+  EXPECT_NO_THROW(validate(c));
+  // With fp32 or one micro-step they change nothing, and are accepted.
+  c = parse({"--grad-accum-dtype", "fp32", "--comm-dtype", "fp32"}).config;
+  EXPECT_NO_THROW(validate(c));
+  c = parse({"--grad-accum-dtype=model", "--comm-dtype=model"}).config;
+  EXPECT_EQ(c.grad_accum_dtype, GradientDtype::kModel);
+  EXPECT_EQ(c.comm_dtype, GradientDtype::kModel);
+
+  const std::string path =
+      write("dtypes.ini", "[zero]\ngrad_accum_dtype = fp32\n[comm]\ncomm_dtype = fp32\n");
+  c = parse({"--config", path}).config;
+  EXPECT_EQ(c.grad_accum_dtype, GradientDtype::kFp32);
+  EXPECT_EQ(c.comm_dtype, GradientDtype::kFp32);
+  EXPECT_EQ(parse({"--config", path, "--comm-dtype", "model"}).config.comm_dtype,
+            GradientDtype::kModel);
+  const std::string text = to_ini(c);
+  EXPECT_NE(text.find("precision = fp32\ngrad_accum_dtype = fp32\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("overlap_comm = true\ncomm_dtype = fp32\n"), std::string::npos) << text;
+  EXPECT_EQ(to_ini(TrainConfig{}).find("grad_accum_dtype = model\n") != std::string::npos, true);
+  const std::string misplaced = write("misplaced.ini", "[comm]\ngrad_accum_dtype = fp32\n");
+  EXPECT_NE(parse_error({"--config", misplaced}).find("grad_accum_dtype belongs under [zero]"),
+            std::string::npos);
+
+  const std::string help = parse({"--help"}).text;
+  for (const char* expected : {"--grad-accum-dtype TEXT (=model)", "--comm-dtype TEXT (=model)"})
+    EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
+}
+
 TEST_F(ConfigTest, CommandLineBeatsIniFile) {
   const std::string path = write("run.ini", "[training]\nepochs = 5\nlr = 0.1\n");
   const TrainConfig config = parse({"--epochs", "7", "--config", path}).config;
@@ -580,6 +619,8 @@ TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
       {"backend", "runtime", "gloo", "auto, nccl, mpi or none", "auto"},
       {"cuda-graph", "runtime", "ON", "auto, on or off", "auto"},
       {"progress", "output", "fancy", "auto, bar or lines", "auto"},
+      {"grad-accum-dtype", "zero", "bf16", "model or fp32", "model"},
+      {"comm-dtype", "comm", "FP32", "model or fp32", "model"},
   };
   for (const Case& bad : cases) {
     const std::string option = bad.option;

@@ -71,6 +71,8 @@ TEST(ConfigChoices, EveryValueHasItsNameAndReadsBack) {
                                {ProgressStyle::kBar, "bar"},
                                {ProgressStyle::kLines, "lines"}},
                               "auto, bar or lines");
+  expect_names<GradientDtype>({{GradientDtype::kModel, "model"}, {GradientDtype::kFp32, "fp32"}},
+                              "model or fp32");
 }
 
 // The names of one enum say nothing about another's: "adam" is no precision.

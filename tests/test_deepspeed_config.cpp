@@ -12,6 +12,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpc_train/config/config.h"
@@ -416,6 +417,124 @@ TEST_F(DeepSpeedConfigTest, ZeroOptimization) {
                                      "effect"));
 }
 
+// Note [Gradient precision]: data_types.grad_accum_dtype and communication_data_type map onto
+// --grad-accum-dtype and --comm-dtype (they used to be refused): fp32, or the model's own dtype,
+// under any of DeepSpeed's names for it; anything else is refused, naming the key and the value.
+TEST_F(DeepSpeedConfigTest, GradientDtypes) {
+  TrainConfig config;
+  std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 64, "gradient_accumulation_steps": 8,
+                "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"},
+                "communication_data_type": "fp32"})",
+            1, config);
+  EXPECT_EQ(config.precision, Precision::kBf16);
+  EXPECT_EQ(config.grad_accum, 8);
+  EXPECT_EQ(config.grad_accum_dtype, GradientDtype::kFp32);
+  EXPECT_EQ(config.comm_dtype, GradientDtype::kFp32);
+  EXPECT_FALSE(any_contains(warnings, "data_types")) << joined(warnings);
+  EXPECT_FALSE(any_contains(warnings, "communication_data_type")) << joined(warnings);
+
+  // DeepSpeed's other names: DtypeEnum's for data_types (as written), any case for
+  // communication_data_type; the model's own dtype is "model".
+  const auto dtypes_of = [&](const std::string& precision_block, const std::string& accum,
+                             const std::string& comm) {
+    TrainConfig c;
+    c.grad_accum_dtype = GradientDtype::kFp32;  // as if from the INI file: replaced
+    c.comm_dtype = GradientDtype::kFp32;
+    apply(R"({"train_batch_size": 8, )" + precision_block + R"(, "data_types": {"grad_accum_dtype": )" +
+              accum + R"(}, "communication_data_type": )" + comm + "}",
+          1, c);
+    return std::make_pair(c.grad_accum_dtype, c.comm_dtype);
+  };
+  const std::string bf16 = R"("bf16": {"enabled": true})";
+  const std::string fp16 = R"("fp16": {"enabled": true})";
+  using D = GradientDtype;
+  EXPECT_EQ(dtypes_of(bf16, R"("float32")", R"("FP32")"), std::make_pair(D::kFp32, D::kFp32));
+  EXPECT_EQ(dtypes_of(bf16, R"("torch.float32")", R"("Fp32")"), std::make_pair(D::kFp32, D::kFp32));
+  EXPECT_EQ(dtypes_of(bf16, R"("float")", R"("bf16")"), std::make_pair(D::kFp32, D::kModel));
+  EXPECT_EQ(dtypes_of(bf16, R"("bfloat16")", R"("BF16")"), std::make_pair(D::kModel, D::kModel));
+  EXPECT_EQ(dtypes_of(bf16, R"("torch.bfloat16")", R"("fp32")"), std::make_pair(D::kModel, D::kFp32));
+  EXPECT_EQ(dtypes_of(fp16, R"("half")", R"("fp16")"), std::make_pair(D::kModel, D::kModel));
+  EXPECT_EQ(dtypes_of(fp16, R"("float16")", R"("fp32")"), std::make_pair(D::kModel, D::kFp32));
+  // null (DeepSpeed's "not set") keeps the INI file's or the default value.
+  EXPECT_EQ(dtypes_of(bf16, "null", "null"), std::make_pair(D::kFp32, D::kFp32));
+  TrainConfig absent;
+  apply(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "data_types": {}})", 1, absent);
+  EXPECT_EQ(absent.grad_accum_dtype, GradientDtype::kModel);
+  EXPECT_EQ(absent.comm_dtype, GradientDtype::kModel);
+
+  // The bucket size counts elements of the dtype that the collectives move: fp32 here.
+  TrainConfig buckets;
+  apply(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "communication_data_type": "fp32",
+            "zero_optimization": {"reduce_bucket_size": 1048576}})",
+        1, buckets);
+  EXPECT_EQ(buckets.bucket_mb, 4.0);
+
+  // Refused: a third dtype, a name DeepSpeed does not know, a wrong JSON type, unknown keys.
+  std::string message =
+      error(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "communication_data_type": "fp16"})");
+  EXPECT_TRUE(contains(message, "ds_config.json: 'communication_data_type' \"fp16\" is not "
+                                "supported with bf16 (the model's dtype): hpc_train keeps "
+                                "gradients in the model's dtype or in fp32; give \"bf16\" or "
+                                "\"fp32\""))
+      << message;
+  message = error(R"({"train_batch_size": 8, "fp16": {"enabled": true},
+                      "data_types": {"grad_accum_dtype": "bf16"}})");
+  EXPECT_TRUE(contains(message, "'data_types.grad_accum_dtype' \"bf16\" is not supported with "
+                                "fp16"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "communication_data_type": "float32"})");
+  EXPECT_TRUE(contains(message, "'communication_data_type' \"float32\": must be \"fp32\", "
+                                "\"fp16\" or \"bf16\""))
+      << message;
+  message = error(R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "int8"}})");
+  EXPECT_TRUE(contains(message, "'data_types.grad_accum_dtype' \"int8\": must be \"fp32\", "
+                                "\"fp16\" or \"bf16\" (or another of DeepSpeed's names, e.g. "
+                                "\"float32\")"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": 32}})");
+  EXPECT_TRUE(contains(message, "'data_types.grad_accum_dtype' must be a string, not number 32"))
+      << message;
+  message = error(R"({"train_batch_size": 8, "data_types": "fp32"})");
+  EXPECT_TRUE(contains(message, "'data_types' must be an object {...}")) << message;
+  message = error(R"({"train_batch_size": 8, "data_types": {"grad_acum_dtype": "fp32"}})");
+  EXPECT_TRUE(contains(message, "unknown key 'data_types.grad_acum_dtype'; known keys here: "
+                                "grad_accum_dtype"))
+      << message;
+
+  // The command line wins; "auto" leaves the value to us; fp32 settings without effect warn.
+  TrainConfig given;
+  warnings = apply(R"({"train_batch_size": 8, "bf16": {"enabled": true},
+                       "communication_data_type": "fp32",
+                       "data_types": {"grad_accum_dtype": "auto"}})",
+                   1, given, {"comm-dtype"});
+  EXPECT_EQ(given.comm_dtype, GradientDtype::kModel);
+  EXPECT_TRUE(any_contains(warnings, "'communication_data_type' fp32 is not used: --comm-dtype "
+                                     "model on the command line wins"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'data_types.grad_accum_dtype' is \"auto\": "
+                                     "--grad-accum-dtype model (the INI file or default)"))
+      << joined(warnings);
+  TrainConfig no_effect;
+  warnings = apply(R"({"train_batch_size": 8, "communication_data_type": "fp32",
+                       "data_types": {"grad_accum_dtype": "fp32"}})",
+                   1, no_effect);
+  EXPECT_EQ(no_effect.grad_accum_dtype, GradientDtype::kFp32);
+  EXPECT_TRUE(any_contains(warnings, "'data_types.grad_accum_dtype' fp32 has no effect: the "
+                                     "model is fp32"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "'communication_data_type' fp32 has no effect: the model is "
+                                     "fp32"))
+      << joined(warnings);
+  TrainConfig one_step;
+  warnings = apply(R"({"train_batch_size": 8, "bf16": {"enabled": true},
+                       "data_types": {"grad_accum_dtype": "fp32"}})",
+                   1, one_step);
+  EXPECT_TRUE(any_contains(warnings, "'data_types.grad_accum_dtype' fp32 has no effect: "
+                                     "gradient_accumulation_steps is 1, nothing accumulates"))
+      << joined(warnings);
+}
+
 TEST_F(DeepSpeedConfigTest, BatchDerivations) {
   const auto batch_of = [&](const std::string& keys, int world_size,
                             TrainConfig config = TrainConfig{}) {
@@ -588,8 +707,9 @@ TEST_F(DeepSpeedConfigTest, UnknownKeys) {
   EXPECT_TRUE(contains(message, "ds_config.json: unknown key 'train_batch_sise'; known keys "
                                 "here: train_batch_size, train_micro_batch_size_per_gpu, "
                                 "gradient_accumulation_steps, optimizer, scheduler, fp16, bf16, "
-                                "zero_optimization, gradient_clipping, steps_per_print, "
-                                "tensorboard, csv_monitor, wall_clock_breakdown"))
+                                "data_types, communication_data_type, zero_optimization, "
+                                "gradient_clipping, steps_per_print, tensorboard, csv_monitor, "
+                                "wall_clock_breakdown"))
       << message;
   EXPECT_TRUE(contains(message, "--deepspeed-allow-unknown")) << message;
   message = error(R"({"train_batch_size": 8,
@@ -646,8 +766,10 @@ TEST_F(DeepSpeedConfigTest, UnimplementedKeysWarnUnlessTheyChangeTheResult) {
       << message;
   message = error(R"({"train_batch_size": 8, "gradient_predivide_factor": 8.0})");
   EXPECT_TRUE(contains(message, "'gradient_predivide_factor' is not supported")) << message;
+  // A third dtype for the gradients (fp16 in an fp32 model) is refused (GradientDtypes below).
   message = error(R"({"train_batch_size": 8, "communication_data_type": "fp16"})");
-  EXPECT_TRUE(contains(message, "'communication_data_type' is not supported")) << message;
+  EXPECT_TRUE(contains(message, "'communication_data_type' \"fp16\" is not supported with fp32"))
+      << message;
   message = error(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true}})");
   EXPECT_TRUE(contains(message, "'curriculum_learning' is not supported")) << message;
   message = error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,

@@ -157,6 +157,70 @@ TEST(FlatParameters, RelayoutKeepsTheLogicalValues) {
   EXPECT_TRUE(torch::equal(flat.from_logical(logical), flat.values()));
 }
 
+// Note [Gradient precision], in closed form: micro-steps whose gradients are 256 and then seven
+// times 1 (an fp32 loss, as the trainer's, over bf16 parameters). Added up in bf16, as autograd
+// does in `.grad`, every 256 + 1 rounds back to 256 (bf16 has 8 significant bits: 2 apart there);
+// added up in fp32 they make 263, rounded once (to 264) where the reduction is bf16, kept where
+// it is fp32. The fp32 sum survives a re-layout; zero_grads clears it; the bytes are counted.
+TEST(FlatParameters, Fp32AccumulationAddsMicroStepsInFp32) {
+  using hpc_train::GradientPrecision;
+  const auto window = [](GradientPrecision precision, bool relayout_midway) {
+    std::vector<at::Tensor> parameters = {
+        torch::zeros({3}, torch::kBFloat16).requires_grad_(),
+        torch::zeros({2}, torch::kBFloat16).requires_grad_()};
+    hpc_train::FlatParameters flat({"a", "b"}, parameters, layout_of({{1}, {0}}, {3, 2}, 1));
+    flat.set_gradient_precision(precision);
+    for (int k = 0; k < 8; ++k) {
+      if (relayout_midway && k == 4) flat.relayout(layout_of({{0, 1}}, {3, 2}, 2));
+      const float g = k == 0 ? 256.0f : 1.0f;
+      ((parameters[0].to(torch::kFloat) * g).sum() + (parameters[1].to(torch::kFloat) * g).sum())
+          .backward();
+      // Inside the window the reducer collects only when the sum is fp32; the last one always.
+      if (flat.collects_every_micro_step() || k == 7)
+        for (size_t b = 0; b < flat.layout().buckets.size(); ++b) flat.collect_grads(b);
+    }
+    for (size_t b = 0; b < flat.layout().buckets.size(); ++b) flat.finish_accumulation(b);
+    return flat;
+  };
+  const double bf16_263 = torch::tensor(263.0f).to(torch::kBFloat16).item<double>();
+  EXPECT_EQ(bf16_263, 264.0);
+  struct Case {
+    GradientPrecision precision;
+    at::ScalarType grad_dtype;
+    double sum;
+    int bytes_per_element;  // grads(), plus the separate fp32 sum
+  };
+  const Case cases[] = {{{false, false}, torch::kBFloat16, 256.0, 2},
+                        {{true, false}, torch::kBFloat16, bf16_263, 2 + 4},
+                        {{false, true}, torch::kFloat, 256.0, 4},
+                        {{true, true}, torch::kFloat, 263.0, 4}};
+  for (const Case& c : cases) {
+    for (bool relayout_midway : {false, true}) {
+      const std::string what = std::string("accumulate fp32 ") +
+                               (c.precision.accumulate_fp32 ? "yes" : "no") + ", reduce fp32 " +
+                               (c.precision.reduce_fp32 ? "yes" : "no") +
+                               (relayout_midway ? ", re-laid out" : "");
+      hpc_train::FlatParameters flat = window(c.precision, relayout_midway);
+      EXPECT_EQ(flat.collects_every_micro_step(), c.precision.accumulate_fp32) << what;
+      EXPECT_EQ(flat.grads().scalar_type(), c.grad_dtype) << what;
+      EXPECT_TRUE(torch::equal(flat.to_logical(flat.grads()).to(torch::kDouble),
+                               torch::full({5}, c.sum, torch::kDouble)))
+          << what << ": " << flat.to_logical(flat.grads());
+      EXPECT_EQ(flat.gradient_bytes(), flat.layout().total_numel * c.bytes_per_element) << what;
+      flat.zero_grads();
+      for (size_t b = 0; b < flat.layout().buckets.size(); ++b) flat.finish_accumulation(b);
+      EXPECT_TRUE(torch::equal(flat.grads(), torch::zeros_like(flat.grads()))) << what;
+    }
+  }
+  // An fp32 model: both are what happens anyway.
+  std::vector<at::Tensor> fp32 = {torch::zeros({3}).requires_grad_()};
+  hpc_train::FlatParameters flat({"a"}, fp32, layout_of({{0}}, {3}, 1));
+  flat.set_gradient_precision({true, true});
+  EXPECT_FALSE(flat.collects_every_micro_step());
+  EXPECT_EQ(flat.grads().scalar_type(), torch::kFloat);
+  EXPECT_EQ(flat.gradient_bytes(), flat.layout().total_numel * 4);
+}
+
 // Note [Channels-last weights]: a convolution's weight is stored [O, kH, kW, I] and seen
 // channels-last, its gradient too; values, gradients and the logical layout are the same as
 // with contiguous storage (the convolution of a copy of the module, stored as LibTorch made it).

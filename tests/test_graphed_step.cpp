@@ -33,15 +33,16 @@ TEST(GraphedStep, AFailedCaptureFallsBackToEagerStepsOrThrowsWhenRequired) {
   hpc_train::RunReporter reporter(quiet, comm.rank());
   const hpc_train::DeviceBatch batch{torch::zeros({2, 1, 4, 4}), torch::zeros({2}, torch::kLong)};
   const auto enqueue = [](const hpc_train::DeviceBatch&) {};
+  const auto discard = [] {};
 
   GraphedStep optional(/*enabled=*/true, /*required=*/false);
-  EXPECT_FALSE(optional.run(batch, 0, enqueue, comm, reporter));
+  EXPECT_FALSE(optional.run(batch, 0, enqueue, discard, comm, reporter));
   EXPECT_FALSE(optional.take_captured_now());
   // No capture is tried again: the steps run eagerly.
   EXPECT_FALSE(optional.wanted(true, true, true, kEagerStepsBeforeCapture));
 
   GraphedStep required(/*enabled=*/true, /*required=*/true);  // --cuda-graph on
-  EXPECT_THROW(required.run(batch, 0, enqueue, comm, reporter), hpc_train::Error);
+  EXPECT_THROW(required.run(batch, 0, enqueue, discard, comm, reporter), hpc_train::Error);
 }
 
 }  // namespace

@@ -335,4 +335,62 @@ TEST(ZeroStepPolicy, ScalerScheduleAndZeroedGradientsOnTheHost) {
   EXPECT_EQ(continued.loss_scale, last.loss_scale);
 }
 
+// Note [Failed capture] (step_graph.h), the reducer's part: a backward that throws half-way, with
+// a bucket started (its collective in flight where there are peers) and gradients of a bucket
+// not yet started still in `.grad`, is forgotten by discard_backward, and the next backward
+// reduces exactly what a clean one does. Without it, the next backward would throw (collectives
+// in flight) or add its gradients into the stale `.grad`s.
+TEST(ReducerDiscard, ABackwardThatThrowsHalfWayLeavesNothingBehind) {
+  Communicator comm(MPI_COMM_WORLD);
+  torch::manual_seed(11);
+  std::vector<std::string> names = {"w1", "b1", "w2", "b2", "w3", "b3"};
+  std::vector<at::Tensor> parameters = {
+      torch::randn({16, 8}).requires_grad_(), torch::randn({16}).requires_grad_(),
+      torch::randn({8, 16}).requires_grad_(), torch::randn({8}).requires_grad_(),
+      torch::randn({4, 8}).requires_grad_(),  torch::randn({4}).requires_grad_()};
+  // Buckets in reverse order: {b3, w3} (144 bytes), {b2, w2, b1} (608), {w1}.
+  ReducerOptions reducer_options;
+  reducer_options.first_bucket_bytes = 144;
+  reducer_options.bucket_bytes = 608;
+  BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
+  FlatParameters flat(names, parameters, std::move(layout));
+  Reducer reducer(flat, comm, reducer_options);
+  ASSERT_EQ(reducer.num_buckets(), 3u);
+  // Each rank's own input, as each rank has its own samples.
+  const torch::Tensor input = torch::randn({4, 8}) + comm.rank();
+  // With `fail`, the gradient of the first layer's output throws: the last two layers' gradients
+  // are in, bucket {b3, w3} has started, {b2, w2, b1} waits for b1.
+  const auto loss = [&](bool fail) {
+    torch::Tensor x = torch::relu(torch::linear(input, parameters[0], parameters[1]));
+    if (fail)
+      x.register_hook([](const torch::Tensor&) -> torch::Tensor {
+        throw std::runtime_error("a failure half-way through the backward");
+      });
+    x = torch::relu(torch::linear(x, parameters[2], parameters[3]));
+    return torch::linear(x, parameters[4], parameters[5]).pow(2).sum();
+  };
+  const auto clean_backward = [&] {
+    reducer.begin_backward(true);
+    loss(false).backward();
+    reducer.finish_backward();
+  };
+  clean_backward();
+  const torch::Tensor reference = flat.grads().clone();
+  flat.zero_grads();
+
+  reducer.begin_backward(true);
+  EXPECT_ANY_THROW(loss(true).backward());
+  EXPECT_TRUE(parameters[2].grad().defined() && parameters[3].grad().defined())
+      << "w2 and b2 must be waiting in .grad for their bucket, or the test tests less";
+
+  reducer.discard_backward();
+  for (size_t i = 0; i < parameters.size(); ++i)
+    EXPECT_FALSE(parameters[i].grad().defined()) << names[i] << "'s .grad was not dropped";
+  EXPECT_TRUE(torch::equal(flat.grads(), torch::zeros_like(flat.grads())));
+
+  clean_backward();
+  EXPECT_TRUE(torch::equal(flat.grads(), reference))
+      << "rank " << comm.rank() << ": the backward after the discarded one reduced other gradients";
+}
+
 }  // namespace

@@ -5,9 +5,11 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <string>
 
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/test_fault.h"
 #include "hpc_train/monitor/metrics.h"
 
 namespace hpc_train {
@@ -43,13 +45,20 @@ class Reducer::ReadyHook : public torch::autograd::FunctionPostHook {
   int parameter_;
 };
 
+// A bucket's size is the bytes its collective moves (--bucket-mb), so fp32 reduction of a 16-bit
+// model's gradients (Note [Gradient precision]) fits half as many elements in a bucket.
+int Reducer::gradient_element_bytes(const at::Tensor& parameter, const ReducerOptions& options) {
+  const int model_bytes = static_cast<int>(parameter.element_size());
+  return options.precision.reduce_fp32 ? std::max(model_bytes, 4) : model_bytes;
+}
+
 BucketLayout Reducer::initial_layout(const std::vector<at::Tensor>& parameters,
                                      const ReducerOptions& options, int world_size) {
   std::vector<BucketParameter> reverse_order;
   std::vector<int64_t> numels;
   for (int i = static_cast<int>(parameters.size()) - 1; i >= 0; --i)
     reverse_order.push_back({i, parameters[i].numel(),
-                             static_cast<int>(parameters[i].element_size()),
+                             gradient_element_bytes(parameters[i], options),
                              dtype_id(parameters[i])});
   for (const at::Tensor& p : parameters) numels.push_back(p.numel());
   return make_bucket_layout(
@@ -58,7 +67,8 @@ BucketLayout Reducer::initial_layout(const std::vector<at::Tensor>& parameters,
 }
 
 Reducer::Reducer(FlatParameters& flat, Communicator& comm, ReducerOptions options)
-    : flat_(flat), comm_(comm), options_(options) {
+    : flat_(flat), comm_(comm), options_(options),
+      test_fail_capture_(test_fault("capture", comm.rank())) {
   const std::vector<at::Tensor>& parameters = flat_.parameters();
   hook_keys_.reserve(parameters.size());
   for (size_t i = 0; i < parameters.size(); ++i) {
@@ -69,6 +79,7 @@ Reducer::Reducer(FlatParameters& flat, Communicator& comm, ReducerOptions option
         accumulator->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i))));
     accumulators_.push_back(accumulator);
   }
+  flat_.set_gradient_precision(options_.precision);  // Note [Gradient precision]
   reset_buckets();
 }
 
@@ -105,12 +116,16 @@ void Reducer::begin_backward(bool sync) {
   if (!in_flight_.empty()) throw Error("reducer: a backward began while collectives are in flight");
   sync_ = sync;
   in_backward_ = true;
-  if (!sync) return;
+  // Note [Gradient precision]: with fp32 accumulation, micro-steps inside the window collect
+  // their buckets too.
+  collecting_ = sync || flat_.collects_every_micro_step();
+  if (!collecting_) return;
   const BucketLayout& layout = flat_.layout();
   pending_.clear();
   for (const Bucket& bucket : layout.buckets)
     pending_.push_back(static_cast<int>(bucket.parameters.size()));
   ready_.assign(flat_.parameters().size(), false);
+  if (!sync) return;
   ready_order_.clear();
   next_bucket_ = 0;
   events_.clear();
@@ -120,10 +135,21 @@ void Reducer::begin_backward(bool sync) {
 }
 
 void Reducer::mark_ready(int parameter) {
-  if (!in_backward_ || !sync_ || ready_[parameter]) return;
+  if (!in_backward_ || !collecting_ || ready_[parameter]) return;
   ready_[parameter] = true;
+  if (!sync_) {
+    // Inside the window (fp32 accumulation): into the sum at once, in any order, since no
+    // collective starts; autograd's 16-bit tensors are freed early, as at the last micro-step.
+    const int bucket = bucket_of_[parameter];
+    if (--pending_[bucket] == 0) flat_.collect_grads(bucket);
+    return;
+  }
   ready_order_.push_back(parameter);
   if (--pending_[bucket_of_[parameter]] == 0 && options_.overlap) start_ready_buckets();
+  if (test_fail_capture_ && next_bucket_ > 0 && comm_.capturing())
+    throw Error("test fault capture: the captured backward fails after " +
+                std::to_string(next_bucket_) + " of " + std::to_string(pending_.size()) +
+                " buckets started");
   // MPI progresses non-blocking collectives only inside MPI calls: let the earlier ones move.
   for (Work& work : in_flight_) work.test();
 }
@@ -138,6 +164,7 @@ void Reducer::start_bucket(size_t bucket) {
   if (first_start_ms_ < 0) first_start_ms_ = t;
   events_.push_back({ReducerEvent::Kind::kCollectiveStarted, static_cast<int>(bucket), t});
   flat_.collect_grads(bucket);
+  flat_.finish_accumulation(bucket);  // Note [Gradient precision]
   bytes_last_backward_ += span.padded_numel * static_cast<int64_t>(flat_.grads().element_size());
   // A world of one: its gradients are their own sum, and its slice of a bucket is the whole
   // bucket, in place (reset_buckets). No collective runs, whatever the backend: NCCL ran each one
@@ -156,7 +183,14 @@ void Reducer::start_bucket(size_t bucket) {
 
 double Reducer::finish_backward() {
   in_backward_ = false;
-  if (!sync_) return 0.0;
+  if (!sync_) {
+    // Buckets with a parameter that got no gradient (unused) are still incomplete: collect what
+    // did arrive into the fp32 sum.
+    if (collecting_)
+      for (size_t b = 0; b < pending_.size(); ++b)
+        if (pending_[b] > 0) flat_.collect_grads(b);
+    return 0.0;
+  }
   events_.push_back({ReducerEvent::Kind::kBackwardEnded, -1, now_ms()});
   const Stopwatch wait;
   // Buckets whose parameters got no gradient this step (unused) start now, in order.
@@ -168,6 +202,24 @@ double Reducer::finish_backward() {
   events_.push_back({ReducerEvent::Kind::kAllDone, -1, done});
   comm_span_ms_ = first_start_ms_ >= 0 ? done - first_start_ms_ : 0.0;
   return wait.elapsed_ms();
+}
+
+void Reducer::discard_backward() {
+  // The collectives go with their Works. A Work's destructor waits for its collective where it
+  // can: an MPI one completes, every rank having started it alike; a captured NCCL one never ran,
+  // and the wait's CUDA call fails, which the destructor swallows (StepGraph::capture clears
+  // CUDA's last error after a failed capture).
+  in_flight_.clear();
+  in_backward_ = false;
+  sync_ = false;
+  collecting_ = false;
+  pending_.clear();
+  ready_.clear();
+  ready_order_.clear();
+  next_bucket_ = 0;
+  // The buckets that started collected their gradients into the flat buffer and the others'
+  // are still in `.grad`: neither may reach the next step.
+  flat_.zero_grads();
 }
 
 BucketLayout Reducer::rebuilt_layout() {
@@ -183,7 +235,7 @@ BucketLayout Reducer::rebuilt_layout() {
   std::vector<BucketParameter> ready_order;
   std::vector<int64_t> numels;
   for (int p : order) {
-    ready_order.push_back({p, parameters[p].numel(), static_cast<int>(parameters[p].element_size()),
+    ready_order.push_back({p, parameters[p].numel(), gradient_element_bytes(parameters[p], options_),
                            dtype_id(parameters[p])});
   }
   for (const at::Tensor& p : parameters) numels.push_back(p.numel());
@@ -193,7 +245,7 @@ BucketLayout Reducer::rebuilt_layout() {
 }
 
 int64_t Reducer::gradient_bytes() const {
-  int64_t bytes = flat_.grads().numel() * flat_.grads().element_size();
+  int64_t bytes = flat_.gradient_bytes();
   if (partition_is_separate()) bytes += partition_grads_.numel() * partition_grads_.element_size();
   return bytes;
 }

@@ -53,7 +53,8 @@ using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, i
                               OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
                               WarmupType TrainConfig::*, Precision TrainConfig::*,
                               DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
-                              ProgressStyle TrainConfig::*, DataStore TrainConfig::*>;
+                              ProgressStyle TrainConfig::*, DataStore TrainConfig::*,
+                              GradientDtype TrainConfig::*>;
 
 struct OptionSpec {
   const char* name;     // --name on the command line; INI key: name with _ for -
@@ -138,6 +139,9 @@ const OptionSpec kOptions[] = {
     {"zero-stage", "zero", &TrainConfig::zero_stage,
      "0 none; 1 optimizer state; 2 also gradients"},
     {"precision", "zero", &TrainConfig::precision, "fp32, fp16 or bf16 (the model's dtype)"},
+    {"grad-accum-dtype", "zero", &TrainConfig::grad_accum_dtype,
+     "fp16/bf16 with --grad-accum > 1: the micro-steps' gradients add up in the model's dtype "
+     "(model) or in fp32 (fp32: 4 more bytes a parameter, none more with --comm-dtype fp32)"},
     {"loss-scale", "zero", &TrainConfig::loss_scale, "fixed fp16 loss scale; 0 = dynamic"},
     {"initial-scale-power", "zero", &TrainConfig::initial_scale_power,
      "the dynamic loss scale starts at 2^N"},
@@ -151,6 +155,9 @@ const OptionSpec kOptions[] = {
      "the first (last layers') bucket, MiB"},
     {"overlap-comm", "comm", &TrainConfig::overlap_comm,
      "reduce a full bucket while backward goes on"},
+    {"comm-dtype", "comm", &TrainConfig::comm_dtype,
+     "fp16/bf16: the ranks sum the gradients, and the optimizer reads them, in the model's "
+     "dtype (model) or in fp32 (fp32: gradient buffers and traffic twice the size)"},
     {"device", "runtime", &TrainConfig::device,
      "auto (a GPU per rank where there are GPUs), cuda or cpu"},
     {"backend", "runtime", &TrainConfig::backend,

@@ -115,10 +115,6 @@ const MathKey kMathTopLevelKeys[] = {
     {"torch_autocast", nullptr,
      "autocast changes the arithmetic's precision; use \"fp16\" or \"bf16\" (the model's dtype)"},
     {"bfloat16", nullptr, "older DeepSpeed's name for \"bf16\"; write \"bf16\""},
-    {"communication_data_type", "null",
-     "reducing gradients in another dtype changes their rounding; hpc_train reduces in the "
-     "model's dtype"},
-    {"data_types", "{}", "grad_accum_dtype changes how gradients accumulate"},
     {"prescale_gradients", "false", "dividing before the reduction changes fp16 rounding"},
     {"gradient_predivide_factor", "1.0", "dividing before the reduction changes fp16 rounding"},
     {"sparse_gradients", "false", "hpc_train reduces every gradient densely"},
@@ -277,8 +273,10 @@ class Importer {
   std::vector<std::string> run() {
     const json root = parse_file(path_);
     check_top_level_keys(root);
-    // Precision first: the bucket size in zero_optimization is counted in its elements.
+    // Precision first, then the gradients' dtypes (relative to it): the bucket size in
+    // zero_optimization is counted in elements of the dtype that the collectives move.
     apply_precision(root);
+    apply_gradient_dtypes(root);
     if (const json* block = member(root, "optimizer")) apply_optimizer(*block);
     // After the optimizer: WarmupLR's warmup_max_lr replaces the optimizer's lr, as in DeepSpeed.
     if (const json* block = member(root, "scheduler")) apply_scheduler(*block, root);
@@ -294,6 +292,7 @@ class Importer {
           to_int(whole(*value, "steps_per_print"), "steps_per_print"));
     }
     apply_batch(root);
+    warn_unused_gradient_dtypes();
     if (const json* block = member(root, "tensorboard")) {
       apply_monitor(*block, "tensorboard", "tensorboard", &TrainConfig::tensorboard,
                     &TrainConfig::tensorboard_output_path, &TrainConfig::tensorboard_job_name);
@@ -357,8 +356,9 @@ class Importer {
     std::vector<std::string> known = {
         "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "optimizer",        "scheduler",                      "fp16",
-        "bf16",             "zero_optimization",              "gradient_clipping",
-        "steps_per_print",  "tensorboard",                    "csv_monitor"};
+        "bf16",             "data_types",                     "communication_data_type",
+        "zero_optimization", "gradient_clipping",             "steps_per_print",
+        "tensorboard",      "csv_monitor"};
     for (const auto& [key, reason] : kIgnoredTopLevelKeys) known.emplace_back(key);
     for (const auto& [key, reason] : kUnimplementedMonitors) known.emplace_back(key);
     for (const auto& item : root.items()) {
@@ -617,6 +617,87 @@ class Importer {
     if (!scaler_keys_given.empty() && config_.precision != Precision::kFp16) {
       warn(join(scaler_keys_given, ", ") + " take effect only with fp16; the precision is " +
            to_string(config_.precision));
+    }
+  }
+
+  // --- The gradients' dtypes (Note [Gradient precision] in flat_parameters.h).
+  //
+  // DeepSpeed names a dtype with DtypeEnum's names in data_types.grad_accum_dtype ("fp32",
+  // "float32", "float", "torch.float32", ...; as written) and with "fp32", "fp16" or "bf16" in
+  // communication_data_type (in any case). Here either is fp32 or the model's own dtype; a third
+  // one (fp16 gradients of a bf16 model, bf16 of an fp32 one) is an error. null, or the key left
+  // out, keeps hpc_train's value: the model's dtype, as in current DeepSpeed (older versions
+  // accumulated a bf16 model's gradients in fp32 when ZeRO was off).
+
+  static std::optional<Precision> deepspeed_dtype(const std::string& name) {
+    static const std::pair<const char*, Precision> kNames[] = {
+        {"fp32", Precision::kFp32},          {"float32", Precision::kFp32},
+        {"float", Precision::kFp32},         {"torch.float32", Precision::kFp32},
+        {"fp16", Precision::kFp16},          {"float16", Precision::kFp16},
+        {"half", Precision::kFp16},          {"torch.float16", Precision::kFp16},
+        {"bf16", Precision::kBf16},          {"bfloat16", Precision::kBf16},
+        {"bfloat", Precision::kBf16},        {"torch.bfloat16", Precision::kBf16}};
+    for (const auto& [known, precision] : kNames) {
+      if (name == known) return precision;
+    }
+    return std::nullopt;
+  }
+
+  void apply_gradient_dtype(const json& value, const std::string& key, const char* option,
+                            GradientDtype TrainConfig::*field, bool communication) {
+    if (value.is_null() || left_to_us(value, key, option, field)) return;
+    const std::string name = text(value, key);
+    std::string lookup = name;
+    if (communication) {  // DeepSpeed lower-cases this one, and knows only these three names
+      std::transform(lookup.begin(), lookup.end(), lookup.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    }
+    const bool known = !communication || lookup == "fp32" || lookup == "fp16" || lookup == "bf16";
+    const std::optional<Precision> dtype = known ? deepspeed_dtype(lookup) : std::nullopt;
+    if (!dtype) {
+      throw ConfigError(where() + "'" + key + "' \"" + name + "\": must be \"fp32\", \"fp16\" " +
+                        "or \"bf16\"" +
+                        (communication ? "" : " (or another of DeepSpeed's names, e.g. \"float32\")"));
+    }
+    const std::string model = to_string(config_.precision);
+    if (*dtype != Precision::kFp32 && *dtype != config_.precision) {
+      throw ConfigError(where() + "'" + key + "' \"" + name + "\" is not supported with " +
+                        model + " (the model's dtype): hpc_train keeps gradients in the model's " +
+                        "dtype or in fp32; give \"" + model + "\" or \"fp32\"");
+    }
+    set(option, key, field,
+        *dtype == Precision::kFp32 ? GradientDtype::kFp32 : GradientDtype::kModel);
+  }
+
+  void apply_gradient_dtypes(const json& root) {
+    if (const json* block = member(root, "data_types")) {
+      const json& types = object(*block, "data_types");
+      check_keys(types, "data_types", {"grad_accum_dtype"});
+      if (const json* value = member(types, "grad_accum_dtype")) {
+        apply_gradient_dtype(*value, "data_types.grad_accum_dtype", "grad-accum-dtype",
+                             &TrainConfig::grad_accum_dtype, /*communication=*/false);
+      }
+    }
+    if (const json* value = member(root, "communication_data_type")) {
+      apply_gradient_dtype(*value, "communication_data_type", "comm-dtype",
+                           &TrainConfig::comm_dtype, /*communication=*/true);
+    }
+  }
+
+  // After the batch keys: an fp32 accumulation needs a 16-bit model and more than one micro-step.
+  void warn_unused_gradient_dtypes() {
+    const bool fp32_model = config_.precision == Precision::kFp32;
+    const auto from_file = source_of_option_.find("grad-accum-dtype");
+    if (from_file != source_of_option_.end() &&
+        config_.grad_accum_dtype == GradientDtype::kFp32 && (fp32_model || config_.grad_accum == 1)) {
+      warn(from_file->second + " fp32 has no effect: " +
+           (fp32_model ? std::string("the model is fp32")
+                       : std::string("gradient_accumulation_steps is 1, nothing accumulates")));
+    }
+    const auto comm_from_file = source_of_option_.find("comm-dtype");
+    if (comm_from_file != source_of_option_.end() &&
+        config_.comm_dtype == GradientDtype::kFp32 && fp32_model) {
+      warn(comm_from_file->second + " fp32 has no effect: the model is fp32");
     }
   }
 
@@ -925,8 +1006,11 @@ class Importer {
     }
 
     // DeepSpeed counts bucket sizes in ELEMENTS of the gradients' dtype, hpc_train in MiB: an
-    // element is 2 bytes in fp16 and bf16 and 4 in fp32, so 5e8 elements are 953.7 MiB in fp16.
-    const double element_bytes = config_.precision == Precision::kFp32 ? 4.0 : 2.0;
+    // element is 2 bytes in fp16 and bf16 and 4 in fp32 (the model's, or --comm-dtype fp32, the
+    // dtype the collectives move), so 5e8 elements are 953.7 MiB in fp16.
+    const bool fp32_elements =
+        config_.precision == Precision::kFp32 || config_.comm_dtype == GradientDtype::kFp32;
+    const double element_bytes = fp32_elements ? 4.0 : 2.0;
     std::optional<int64_t> reduce_elements;
     if (const json* reduce = member(block, "reduce_bucket_size");
         reduce && !left_to_us(*reduce, "zero_optimization.reduce_bucket_size", "bucket-mb",

@@ -299,11 +299,12 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
                              c.config_ini.data(),
                              crc32_of(c.config_ini.data(), c.config_ini.size()));
       }
-      {
-        const hsize_t bytes = c.rng_state.size();
+      for (const auto& [name, state] :
+           {std::pair{"rng_state", &c.rng_state}, {"cuda_rng_state", &c.cuda_rng_state}}) {
+        const hsize_t bytes = state->size();
         h5::Dataspace space(H5_CHECK(H5Screate_simple(1, &bytes, nullptr)));
-        writer.small_dataset(training.get(), "rng_state", H5T_STD_U8LE, H5T_NATIVE_UINT8,
-                             space.get(), c.rng_state.data(), crc32_of(c.rng_state));
+        writer.small_dataset(training.get(), name, H5T_STD_U8LE, H5T_NATIVE_UINT8, space.get(),
+                             state->data(), crc32_of(*state));
       }
 
       const h5::Group scaler = writer.group(root.get(), "loss_scaler");
@@ -391,6 +392,17 @@ class CheckpointReader {
       H5_CHECK(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
     verify_checksum(d.get(), where, values.data(), values.size() * sizeof(float));
     return values;
+  }
+
+  // A 1-D array of bytes (opaque state), possibly empty.
+  std::vector<uint8_t> bytes(hid_t group, const std::string& group_name, const char* name) const {
+    const std::string where = group_name + "/" + name;
+    const h5::Dataset d = dataset(group, group_name, name);
+    h5::Type type(H5_CHECK(H5Dget_type(d.get())));
+    const std::vector<int64_t> dims = shape(d.get(), where);
+    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 || dims.size() != 1)
+      throw DataError(where + " must be a 1-D array of bytes");
+    return data(d.get(), where, H5T_NATIVE_UINT8, static_cast<uint64_t>(dims[0]), 1);
   }
 
   std::string text(hid_t group, const std::string& group_name, const char* name) const {
@@ -521,13 +533,10 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
     c.position.micro_batch = version1 ? 0 : attributes.integer("micro_batch");
     c.position.grad_accum = version1 ? 0 : attributes.integer("grad_accum");
     c.config_ini = reader.text(training.get(), "/training", "config_ini");
-    const h5::Dataset rng = reader.dataset(training.get(), "/training", "rng_state");
-    h5::Type type(H5_CHECK(H5Dget_type(rng.get())));
-    const std::vector<int64_t> dims = reader.shape(rng.get(), "/training/rng_state");
-    if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 || dims.size() != 1)
-      throw DataError("/training/rng_state must be a 1-D array of bytes");
-    c.rng_state = reader.data(rng.get(), "/training/rng_state", H5T_NATIVE_UINT8,
-                              static_cast<uint64_t>(dims[0]), 1);
+    c.rng_state = reader.bytes(training.get(), "/training", "rng_state");
+    // Before version 3 there was none (checkpoint.h: the resume leaves the CUDA generator).
+    if (c.format_version >= 3)
+      c.cuda_rng_state = reader.bytes(training.get(), "/training", "cuda_rng_state");
   }
   {
     const h5::Group scaler = reader.group(file, "/loss_scaler");

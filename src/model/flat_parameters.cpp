@@ -31,6 +31,22 @@ FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::T
   zero_grads();  // also drops any .grad the parameters came with, so that backward's are taken
 }
 
+// Note [Gradient precision]
+void FlatParameters::set_gradient_precision(GradientPrecision precision) {
+  const at::ScalarType model_dtype = values_.scalar_type();
+  accumulates_fp32_ = precision.accumulate_fp32 && model_dtype != at::kFloat;
+  const at::TensorOptions options = values_.options();
+  const at::ScalarType grad_dtype = precision.reduce_fp32 ? at::kFloat : model_dtype;
+  // The buffer stays where its dtype does not change (an fp32 model, or 16-bit reduction).
+  if (!grads_.defined() || grads_.scalar_type() != grad_dtype)
+    grads_ = at::empty({layout_.total_numel}, options.dtype(grad_dtype));
+  // fp32 grads() take the fp32 sum themselves; 16-bit ones get it rounded at the window's end.
+  accumulation_ = accumulates_fp32_ && grad_dtype != at::kFloat
+                      ? at::empty({layout_.total_numel}, options.dtype(at::kFloat))
+                      : at::Tensor();
+  zero_grads();
+}
+
 at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) const {
   const BucketLayout::Slot& slot = layout_.slots[i];
   const at::Tensor elements = flat.narrow(0, slot.offset, slot.numel);
@@ -74,28 +90,46 @@ at::Tensor FlatParameters::from_logical(const at::Tensor& logical) const {
 void FlatParameters::relayout(BucketLayout layout) {
   const at::Tensor logical_values = to_logical(values_);
   const at::Tensor logical_grads = to_logical(grads_);
+  const at::Tensor logical_accumulation =
+      accumulation_.defined() ? to_logical(accumulation_) : at::Tensor();
   layout_ = std::move(layout);
   values_ = from_logical(logical_values);
   grads_ = from_logical(logical_grads);
+  if (logical_accumulation.defined()) accumulation_ = from_logical(logical_accumulation);
   point_parameters_at_buffers();
 }
 
 void FlatParameters::collect_grads(size_t bucket) {
+  // Note [Gradient precision]: 16-bit gradients added into fp32 slots take _foreach_add_'s
+  // per-tensor path (its multi-tensor kernels want one dtype), each add in fp32.
+  const at::Tensor& sum = accumulation_.defined() ? accumulation_ : grads_;
   std::vector<at::Tensor> slots;
   std::vector<at::Tensor> gradients;
   for (int i : layout_.buckets.at(bucket).parameters) {
     at::Tensor& grad = parameters_[i].mutable_grad();
     if (!grad.defined()) continue;
-    slots.push_back(parameter_view(grads_, i));
+    slots.push_back(parameter_view(sum, i));
     gradients.push_back(std::move(grad));
     grad = at::Tensor();
   }
   if (!slots.empty()) at::_foreach_add_(slots, gradients);
 }
 
+void FlatParameters::finish_accumulation(size_t bucket) {
+  if (!accumulation_.defined()) return;
+  bucket_view(grads_, bucket).copy_(bucket_view(accumulation_, bucket));
+}
+
 void FlatParameters::zero_grads() {
   for (at::Tensor& p : parameters_) p.mutable_grad() = at::Tensor();
   if (grads_.defined()) grads_.zero_();
+  if (accumulation_.defined()) accumulation_.zero_();
+}
+
+int64_t FlatParameters::gradient_bytes() const {
+  int64_t bytes = grads_.defined() ? grads_.numel() * grads_.element_size() : 0;
+  if (accumulation_.defined()) bytes += accumulation_.numel() * accumulation_.element_size();
+  return bytes;
 }
 
 }  // namespace hpc_train

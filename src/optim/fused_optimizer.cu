@@ -224,9 +224,10 @@ __device__ __forceinline__ void adam_element(float grad, float& weight, float& e
   weight = weight + s.step_size * exp_avg / denom;
 }
 
-template <typename T>
+// G: the gradients' element type, T: the parameters' (G is T, or float for a 16-bit T).
+template <typename G, typename T>
 struct UpdateArguments {
-  const T* grads;
+  const G* grads;
   T* params;
   float* master;  // nullptr: T is float and the parameters are the master weights
   float* exp_avg;
@@ -238,8 +239,8 @@ struct UpdateArguments {
 };
 
 // No __restrict__ on the written arrays: with an fp32 model the weights are the parameters.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<T> a) {
+template <typename G, typename T>
+__global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<G, T> a) {
   if (a.state->found_inf) return;  // the same for every thread: the whole step is skipped
   const StepScalars s{a.state->grad_multiplier, a.state->decay_factor, a.state->step_size,
                       a.state->sqrt_bias_correction2};
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<T
   const int64_t threads = thread_count();
   for (int seg = 0; seg < a.num_segments; ++seg) {
     const FusedSegment segment = a.segments[seg];
-    const T* g = a.grads + segment.grad_offset;
+    const G* g = a.grads + segment.grad_offset;
     T* p = a.params + segment.param_offset;
     float* w;
     if constexpr (std::is_same<T, float>::value)
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<T
     const int64_t vectors = (segment.numel - head) / kVectorElements;
     for (int64_t j = thread; j < vectors; j += threads) {
       const int64_t i = head + j * kVectorElements;
-      const Vector<T> gv = *reinterpret_cast<const Vector<T>*>(g + i);
+      const Vector<G> gv = *reinterpret_cast<const Vector<G>*>(g + i);
       Vector<float> wv = *reinterpret_cast<const Vector<float>*>(w + i);
       Vector<float> mv = *reinterpret_cast<const Vector<float>*>(m + i);
       Vector<float> vv = *reinterpret_cast<const Vector<float>*>(v + i);
@@ -350,7 +351,18 @@ void launch_adam_update(const void* grads, void* params, KernelDtype dtype, floa
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream) {
+  launch_adam_update(grads, dtype, params, dtype, master, exp_avg, exp_avg_sq, segments,
+                     num_segments, grid_blocks, state, options, stream);
+}
+
+void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                        float* master, float* exp_avg, float* exp_avg_sq,
+                        const FusedSegment* segments, int num_segments, int grid_blocks,
+                        const FusedStepState* state, const FusedStepOptions& options,
+                        cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the Adam update");
+  if (grad_dtype != dtype && grad_dtype != KernelDtype::kFloat32)
+    throw Error("fused optimizer: gradients must be of the parameters' dtype or fp32");
   if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
     throw Error("fused optimizer: fp16/bf16 parameters need fp32 master weights, and fp32 "
                 "parameters are their own");
@@ -362,12 +374,17 @@ void launch_adam_update(const void* grads, void* params, KernelDtype dtype, floa
                                 static_cast<float>(options.weight_decay),
                                 options.decoupled_weight_decay,
                                 options.weight_decay != 0.0};
-  with_element_type(dtype, [&](auto element) {
+  const auto launch = [&](auto grad_element, auto element) {
+    using G = decltype(grad_element);
     using T = decltype(element);
-    const UpdateArguments<T> arguments{static_cast<const T*>(grads), static_cast<T*>(params),
-                                       master, exp_avg, exp_avg_sq, segments, num_segments,
-                                       state, constants};
-    adam_update_kernel<T><<<grid_blocks, kThreads, 0, stream>>>(arguments);
+    const UpdateArguments<G, T> arguments{static_cast<const G*>(grads), static_cast<T*>(params),
+                                          master, exp_avg, exp_avg_sq, segments, num_segments,
+                                          state, constants};
+    adam_update_kernel<G, T><<<grid_blocks, kThreads, 0, stream>>>(arguments);
+  };
+  with_element_type(dtype, [&](auto element) {
+    if (grad_dtype == dtype) launch(element, element);
+    else launch(float{}, element);  // fp32 gradients of a 16-bit model
   });
   CUDA_CHECK(cudaGetLastError());
 }

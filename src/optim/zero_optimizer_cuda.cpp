@@ -128,9 +128,11 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   const KernelDtype dtype = fused_dtype(flat_.values());
   at::Tensor& grads = options_.stage == 2 ? reducer_.partition_grads() : flat_.grads();
+  // The model's dtype, or fp32 (Note [Gradient precision] in flat_parameters.h).
+  const KernelDtype grad_dtype = fused_dtype(grads);
   const auto* segments = reinterpret_cast<const FusedSegment*>(segments_.data_ptr<int64_t>());
   const int num_segments = static_cast<int>(segments_.size(0));
-  launch_grad_sum_of_squares(grads.data_ptr(), dtype, segments, num_segments, device_grid_blocks_,
+  launch_grad_sum_of_squares(grads.data_ptr(), grad_dtype, segments, num_segments, device_grid_blocks_,
                              block_partials_.data_ptr<double>(),
                              sum_of_squares_.data_ptr<double>(), stream);
   // As in step(): partitions are disjoint, so their squared norms add up; in stage 0 every rank
@@ -148,7 +150,7 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
   launch_step_bookkeeping(sum_of_squares_.data_ptr<double>(), sum_of_squares_copies,
                           options, host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
                           stream);
-  launch_adam_update(grads.data_ptr(), flat_.values().data_ptr(), dtype,
+  launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype,
                      master_.defined() ? master_.data_ptr<float>() : nullptr,
                      exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), segments,
                      num_segments, device_grid_blocks_, state, options, stream);

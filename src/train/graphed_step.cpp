@@ -12,12 +12,14 @@ namespace hpc_train {
 
 bool GraphedStep::run(const DeviceBatch& batch, int64_t step,
                       const std::function<void(const DeviceBatch&)>& enqueue_step,
-                      Communicator& comm, RunReporter& reporter) {
+                      const std::function<void()>& discard_step, Communicator& comm,
+                      RunReporter& reporter) {
   if (!graph_.captured()) {
     static_batch_ = {at::empty_like(batch.input), at::empty_like(batch.labels)};
     std::string why;
     comm.set_capturing(true);
-    const bool captured = graph_.capture([&] { enqueue_step(static_batch_); }, &why);
+    const bool captured =
+        graph_.capture([&] { enqueue_step(static_batch_); }, discard_step, &why);
     comm.set_capturing(false);
     if (!captured) {
       enabled_ = false;

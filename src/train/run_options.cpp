@@ -34,6 +34,11 @@ ReducerOptions reducer_options(const TrainConfig& config) {
   options.bucket_bytes = static_cast<int64_t>(config.bucket_mb * kBytesPerMiB);
   options.overlap = config.overlap_comm;
   options.reduce_scatter = config.zero_stage == 2;
+  // Note [Gradient precision]: one micro-step has nothing to add up, and its 16-bit gradients
+  // would go through the fp32 buffer unchanged; no buffer then.
+  options.precision.accumulate_fp32 =
+      config.grad_accum_dtype == GradientDtype::kFp32 && config.grad_accum > 1;
+  options.precision.reduce_fp32 = config.comm_dtype == GradientDtype::kFp32;
   return options;
 }
 

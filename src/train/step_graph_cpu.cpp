@@ -16,7 +16,8 @@ TrainingStreamScope::~TrainingStreamScope() = default;
 struct StepGraph::Impl {};
 StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
 StepGraph::~StepGraph() = default;
-bool StepGraph::capture(const std::function<void()>&, std::string* why) {
+bool StepGraph::capture(const std::function<void()>&, const std::function<void()>&,
+                        std::string* why) {
   if (why) *why = "this build has no CUDA";
   return false;
 }

@@ -2,6 +2,8 @@
 // replay watched as a collective is. The CPU build's are in step_graph_cpu.cpp.
 #include "hpc_train/train/step_graph.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <optional>
 
 #include "hpc_train/comm/comm.h"
@@ -128,6 +131,58 @@ void announce_test_stall(int rank, const std::string& label) {
   std::fflush(stderr);
 }
 
+// Note [Failed capture]: the default generators of the CPU and of a GPU as they were when this
+// was made, put back by restore().
+class GeneratorsBefore {
+ public:
+  explicit GeneratorsBefore(c10::DeviceIndex device)
+      : cpu_(at::detail::getDefaultCPUGenerator()),
+        cuda_(at::globalContext().defaultGenerator(at::Device(at::kCUDA, device))) {
+    {
+      std::lock_guard<std::mutex> lock(cpu_.mutex());
+      cpu_state_ = cpu_.get_state();
+    }
+    std::lock_guard<std::mutex> lock(cuda_.mutex());
+    cuda_copy_ = cuda_.clone();
+  }
+
+  void restore() {
+    {
+      std::lock_guard<std::mutex> lock(cpu_.mutex());
+      cpu_.set_state(cpu_state_);
+    }
+    // A state object of its own, out of any capture: set_state would write seed and offset into
+    // the state that the failed capture may have left in capture mode.
+    std::lock_guard<std::mutex> lock(cuda_.mutex());
+    cuda_.graphsafe_set_state(cuda_copy_);
+  }
+
+ private:
+  at::Generator cpu_;
+  at::Generator cuda_;
+  at::Tensor cpu_state_;
+  at::Generator cuda_copy_;
+};
+
+// Ends the capture on `stream` that `graph` began and the step left by throwing (Note [Failed
+// capture]): through LibTorch while CUDA still holds it valid, else (invalidated, or LibTorch's
+// end failed) through CUDA, so that the stream works again. Leaves CUDA's last error cleared.
+void end_failed_capture(at::cuda::CUDAGraph& graph, const c10::cuda::CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
+      status == cudaStreamCaptureStatusActive) {
+    try {
+      graph.capture_end();  // instantiates the partial graph, which is never replayed
+      return;
+    } catch (const std::exception&) {
+    }
+  }
+  cudaGraph_t broken = nullptr;
+  if (cudaStreamEndCapture(stream.stream(), &broken) == cudaSuccess && broken)
+    cudaGraphDestroy(broken);
+  cudaGetLastError();
+}
+
 }  // namespace
 
 struct StepGraph::Impl {
@@ -139,36 +194,40 @@ struct StepGraph::Impl {
 StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
 StepGraph::~StepGraph() = default;
 
-bool StepGraph::capture(const std::function<void()>& enqueue_step, std::string* why) {
+bool StepGraph::capture(const std::function<void()>& enqueue_step,
+                        const std::function<void()>& discard_step, std::string* why) {
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
   if (stream == c10::cuda::getDefaultCUDAStream(stream.device_index())) {
     if (why) *why = "the current stream is the default stream (no TrainingStreamScope)";
     return false;
   }
+  GeneratorsBefore generators(stream.device_index());
+  std::string failure;
   impl_->graph.emplace();
   try {
     impl_->graph->capture_begin();
     try {
       enqueue_step();
     } catch (...) {
-      // End the broken capture so that the stream works again, then report.
-      cudaGraph_t broken = nullptr;
-      if (cudaStreamEndCapture(stream.stream(), &broken) == cudaSuccess && broken)
-        cudaGraphDestroy(broken);
-      cudaGetLastError();
+      end_failed_capture(*impl_->graph, stream);
       throw;
     }
     impl_->graph->capture_end();
+    return true;
   } catch (const c10::Error& e) {
-    impl_->graph.reset();
-    if (why) *why = e.what_without_backtrace();
-    return false;
+    failure = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    impl_->graph.reset();
-    if (why) *why = e.what();
-    return false;
+    failure = e.what();
   }
-  return true;
+  // Note [Failed capture]: the step's state first (its `.grad` tensors go back to the capture's
+  // pool before the graph, which owns the pool, goes), then CUDA's last error that the
+  // discarded work's calls left, then the generators.
+  discard_step();
+  impl_->graph.reset();
+  cudaGetLastError();
+  generators.restore();
+  if (why) *why = failure;
+  return false;
 }
 
 bool StepGraph::captured() const { return impl_->graph.has_value(); }

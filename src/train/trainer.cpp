@@ -417,6 +417,8 @@ struct Trainer::Impl {
       forward_backward(static_batch, /*sync=*/true, /*window_micro_steps=*/1, ignored);
       optimizer->step();
     };
+    // What a capture that failed inside the step leaves (Note [Failed capture] in step_graph.h).
+    const auto discard_partial_step = [&] { reducer->discard_backward(); };
     CudaProfilerRange profiler_range(config.cuda_profiler_start_step, config.cuda_profiler_steps,
                                      placement.cuda);
     ThroughputClock throughput(start.global_step + 1);
@@ -483,7 +485,8 @@ struct Trainer::Impl {
           const DeviceBatch batch = batches.take();
           replayed = graph_wanted &&
                      graphed_step->run({in_model_layout(batch.input, channels_last), batch.labels},
-                                       global_step, enqueue_whole_step, comm, reporter);
+                                       global_step, enqueue_whole_step,
+                                       discard_partial_step, comm, reporter);
           if (!replayed) {
             forward_backward(batch, sync, window_micro_steps, times);
             if (sync) optimizer_step(times);

@@ -8,6 +8,7 @@
 #include <exception>
 #include <future>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "hpc_train/io/checkpoint_files.h"
@@ -27,6 +28,35 @@ void copy_to_host(const torch::Tensor& t, torch::Dtype dtype, std::vector<Elemen
   out.resize(static_cast<size_t>(bytes) / sizeof(Element));
   if (bytes == 0) return;
   torch::from_blob(out.data(), t.sizes(), torch::TensorOptions().dtype(dtype)).copy_(t.detach());
+}
+
+// The state of `generator` (LibTorch's opaque bytes) into `out`, reusing its memory.
+void take_generator_state(at::Generator generator, std::vector<uint8_t>& out) {
+  torch::Tensor state;
+  {
+    // Note [Acquire lock when using random generators] (LibTorch's).
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  const uint8_t* bytes = state.data_ptr<uint8_t>();
+  out.assign(bytes, bytes + state.numel());
+}
+
+// Sets `generator` to `state`, read from `path`'s dataset `where`. LibTorch checks the state
+// (its size, for the CUDA generator also the Philox offset's alignment): a state it refuses is
+// the file's fault, named as such before training starts.
+void restore_generator_state(at::Generator generator, const std::vector<uint8_t>& state,
+                             const std::string& path, const char* where) {
+  torch::Tensor bytes = torch::empty({static_cast<int64_t>(state.size())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr<uint8_t>(), state.data(), state.size());
+  try {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(bytes);
+  } catch (const c10::Error& e) {
+    throw DataError(path + ": " + where + " (" + std::to_string(state.size()) +
+                    " bytes) is not a state of LibTorch's " + generator.device().str() +
+                    " generator: " + e.what_without_backtrace());
+  }
 }
 
 }  // namespace
@@ -65,13 +95,18 @@ Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& mode
   return c;
 }
 
-void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state) {
+void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state,
+                                 const torch::Device& device) {
   c.optimizer_steps = state.steps;
   copy_to_host(state.master, torch::kFloat, c.master);
   copy_to_host(state.exp_avg, torch::kFloat, c.exp_avg);
   copy_to_host(state.exp_avg_sq, torch::kFloat, c.exp_avg_sq);
-  const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  c.rng_state.assign(rng.data_ptr<uint8_t>(), rng.data_ptr<uint8_t>() + rng.numel());
+  // Note [Random state in checkpoints].
+  take_generator_state(at::detail::getDefaultCPUGenerator(), c.rng_state);
+  if (device.is_cuda())
+    take_generator_state(at::globalContext().defaultGenerator(device), c.cuda_rng_state);
+  else
+    c.cuda_rng_state.clear();
 }
 
 FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string& path,
@@ -94,12 +129,14 @@ FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string&
     buffer->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
                                           tensor.dtype == "I64" ? torch::kLong : torch::kFloat));
   }
-  if (!c.rng_state.empty()) {
-    torch::Tensor rng = torch::empty({static_cast<int64_t>(c.rng_state.size())}, torch::kUInt8);
-    std::memcpy(rng.data_ptr<uint8_t>(), c.rng_state.data(), c.rng_state.size());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng);
-  }
+  // Note [Random state in checkpoints]: an empty state (none saved) leaves the generator as the
+  // run's seed set it.
+  if (!c.rng_state.empty())
+    restore_generator_state(at::detail::getDefaultCPUGenerator(), c.rng_state, path,
+                            "/training/rng_state");
+  if (device.is_cuda() && !c.cuda_rng_state.empty())
+    restore_generator_state(at::globalContext().defaultGenerator(device), c.cuda_rng_state, path,
+                            "/training/cuda_rng_state");
   auto from_vector = [&](const std::vector<float>& values) {
     return torch::from_blob(const_cast<float*>(values.data()),
                             {static_cast<int64_t>(values.size())}, torch::kFloat)
@@ -157,7 +194,7 @@ std::string RunCheckpoints::to_resume() {
 Checkpoint& RunCheckpoints::fill_host_copy(const TrainingPosition& position) {
   Checkpoint& c = host_copy_;
   fill_model_checkpoint(input_, model_, position.global_step, c);
-  add_optimizer_and_rng_state(c, optimizer_.gather_full_state());
+  add_optimizer_and_rng_state(c, optimizer_.gather_full_state(), device_);
   c.precision = to_string(config_.precision);
   c.zero_stage = config_.zero_stage;
   c.world_size = comm_.size();

@@ -62,6 +62,8 @@ Checkpoint realistic_checkpoint(uint64_t seed, size_t optimizer_elements) {
   c.rng_state = random_bytes(rng, 5056);
   for (size_t i : {size_t{0}, size_t{1}, size_t{100}, size_t{2500}, size_t{5055}})
     c.rng_state[i] = 0;
+  c.cuda_rng_state = random_bytes(rng, 16);  // LibTorch's CUDA generator: seed, Philox offset
+  c.cuda_rng_state[15] = 0;
   c.model_state.push_back(random_f32(rng, "conv1.weight", {64, 3, 3, 3}));
   c.model_state.push_back(random_f32(rng, "bn1.weight", {64}));
   c.model_state.push_back(random_f32(rng, "bn1.bias", {64}));
@@ -105,6 +107,8 @@ Checkpoint tiny_checkpoint(bool fp16) {
   c.loss_scaler.steps = 7;
   c.loss_scaler.last_overflow_step = -1;
   c.rng_state = fp16 ? std::vector<uint8_t>{1, 2, 3, 4, 5} : std::vector<uint8_t>{};
+  c.cuda_rng_state = fp16 ? std::vector<uint8_t>{7, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0}
+                          : std::vector<uint8_t>{};
   c.model_state = {{"fc.weight", "F32", {2, 3}, as_bytes<float>({1, -2, 0.5f, 0, 3, -0.25f})},
                    {"fc.bias", "F32", {2}, as_bytes<float>({0.125f, -1})},
                    {"bn.num_batches_tracked", "I64", {}, as_bytes<int64_t>({5})}};

@@ -21,8 +21,8 @@ Checkpoint realistic_checkpoint(uint64_t seed,
                                 size_t optimizer_elements = kRealisticOptimizerElements);
 
 // A few hundred bytes (simple_cnn for 1x4x4 images, ZeRO 2 saved at 3 ranks), for fuzz seeds,
-// which must stay small: fp16 with a dynamic loss scaler, a config and RNG state; or fp32 with
-// neither scaler nor config nor RNG state (the empty string and array).
+// which must stay small: fp16 with a dynamic loss scaler, a config and CPU and CUDA RNG state;
+// or fp32 with neither scaler nor config nor RNG state (the empty string and arrays).
 Checkpoint tiny_checkpoint(bool fp16);
 
 // The bytes of `values` as CheckpointTensor::data holds them (the host's order: little-endian).

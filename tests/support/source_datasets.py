@@ -14,6 +14,9 @@ Python's pickle (what users have), and the checks of what the converter wrote (h
   source_datasets.py bad-npz CASE FILE.npz      one refused .npz (CASES)
   source_datasets.py bad-pickle CASE DIR        a cifar-10-batches-py with one refused pickle
   source_datasets.py fuzz-seeds DIR             seeds of fuzz/corpus/npz and cifar10_python
+  source_datasets.py padded-idx SRC_DIR FILE.npz --train N --test N --side S
+      the first N images of an IDX dataset (Fashion-MNIST's files in SRC_DIR, raw or .gz),
+      zero-padded to SxS (N,H,W), for models that need more than 28x28 (vgg: 32x32)
 """
 import argparse
 import io
@@ -329,6 +332,33 @@ def fuzz_seeds(out):
             f.write(sep.join(parts))
 
 
+def read_idx(path):
+    """An IDX file (raw or .gz) as a numpy array of its dimensions."""
+    import gzip
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [struct.unpack(">I", data[4 + 4 * i:8 + 4 * i])[0] for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def padded_idx(src, path, n_train, n_test, side):
+    def load(stem, n):
+        for name in (stem, stem + ".gz"):
+            if os.path.exists(os.path.join(src, name)):
+                return read_idx(os.path.join(src, name))[:n]
+        fail(f"{src} has no {stem}[.gz]")
+    arrays = {}
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
+        images = load(f"{prefix}-images-idx3-ubyte", n)
+        before = (side - images.shape[1]) // 2
+        after = side - images.shape[1] - before
+        arrays["x_" + split] = np.pad(images, ((0, 0), (before, after), (before, after)))
+        arrays["y_" + split] = load(f"{prefix}-labels-idx1-ubyte", n).astype(np.int64)
+    np.savez(path, **arrays)
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -356,6 +386,12 @@ def main():
     p.add_argument("root")
     p = sub.add_parser("fuzz-seeds")
     p.add_argument("out")
+    p = sub.add_parser("padded-idx")
+    p.add_argument("src")
+    p.add_argument("path")
+    p.add_argument("--train", type=int, required=True)
+    p.add_argument("--test", type=int, required=True)
+    p.add_argument("--side", type=int, required=True)
     args = parser.parse_args()
     if args.command == "npz":
         write_npz(args.path, npz_arrays(args.layout, args.label_dtype), args.compressed)
@@ -371,6 +407,8 @@ def main():
         bad_pickle(args.case, args.root)
     elif args.command == "fuzz-seeds":
         fuzz_seeds(args.out)
+    elif args.command == "padded-idx":
+        padded_idx(args.src, args.path, args.train, args.test, args.side)
 
 
 if __name__ == "__main__":

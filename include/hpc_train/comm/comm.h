@@ -161,6 +161,7 @@ class Communicator {
   // with false after (Note [Graph capture]): captured operations are not watched, Work::test()
   // queries no events, and the watchdog pauses meanwhile.
   void set_capturing(bool capturing);
+  bool capturing() const { return capturing_; }
   // Launches such a graph: runs `launch` (which queues the replay) as the backend launches its
   // own operations (NCCL: never while its communicator is aborted). Throws Error instead when
   // the watchdog has reported a failure or the backend was aborted.

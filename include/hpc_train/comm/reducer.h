@@ -12,6 +12,11 @@
 //
 // After the first synchronised backward, the buckets can be rebuilt in the order in which the
 // gradients really became ready (rank 0's order, so every rank rebuilds alike).
+//
+// The reducer owns the gradients' dtypes (Note [Gradient precision] in flat_parameters.h): it
+// applies ReducerOptions::precision to the flat storage when it is made, sizes buckets by the
+// bytes their collectives move, and with fp32 accumulation also collects the buckets of the
+// micro-steps inside an accumulation window (as they complete; no collective starts).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +38,9 @@ struct ReducerOptions {
   int64_t bucket_bytes = static_cast<int64_t>(kDefaultBucketMiB * (1 << 20));
   bool overlap = true;         // start collectives from the hooks; false: all after backward
   bool reduce_scatter = false; // ZeRO-2
+  // Note [Gradient precision]: --grad-accum-dtype fp32 (with --grad-accum > 1) and --comm-dtype
+  // fp32; no-ops in an fp32 model.
+  GradientPrecision precision;
 };
 
 // What happened to the buckets in the last synchronised backward, in order, with times in
@@ -48,7 +56,8 @@ struct ReducerEvent {
 
 class Reducer {
  public:
-  // Registers the hooks. `flat` and `comm` must outlive the reducer.
+  // Registers the hooks and sets `flat`'s gradient precision (which zeroes its gradients).
+  // `flat` and `comm` must outlive the reducer.
   Reducer(FlatParameters& flat, Communicator& comm, ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -59,11 +68,19 @@ class Reducer {
                                      const ReducerOptions& options, int world_size);
 
   // Call before each backward. sync = false on micro-steps inside a gradient-accumulation
-  // window: the hooks then do nothing and gradients just accumulate in the parameters' `.grad`.
+  // window: no collective starts, and gradients accumulate in the parameters' `.grad` (or, with
+  // fp32 accumulation, each bucket is collected into the fp32 sum as it completes).
   void begin_backward(bool sync);
   // After backward of a synchronised micro-step: starts what has not started, waits for all.
-  // Returns the time spent waiting (exposed communication), in milliseconds.
+  // Returns the time spent waiting (exposed communication), in milliseconds. After a micro-step
+  // inside the window: collects what fp32 accumulation has not collected yet; returns 0.
   double finish_backward();
+  // Forgets a backward that will not finish (Note [Failed capture] in step_graph.h: a CUDA graph
+  // capture that threw inside it): the collectives it started are dropped (reducer.cpp says how
+  // their Works end), its buckets' bookkeeping is cleared, and the gradients are zeroed, with
+  // every `.grad` it left dropped (FlatParameters::zero_grads), as before a backward. The next
+  // backward then begins as if this one had never run. Collective where collectives started.
+  void discard_backward();
 
   // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order). With one
   // rank, the flat gradient buffer itself.
@@ -82,7 +99,8 @@ class Reducer {
   double comm_span_ms() const { return comm_span_ms_; }
   size_t num_buckets() const { return flat_.layout().buckets.size(); }
   // Bytes of gradient storage this rank holds: the flat buffer, plus the partition in stage 2
-  // (with more than one rank).
+  // (with more than one rank), plus a separate fp32 accumulation buffer (Note [Gradient
+  // precision]).
   int64_t gradient_bytes() const;
 
  private:
@@ -92,6 +110,9 @@ class Reducer {
   void start_bucket(size_t bucket);
   double now_ms() const;
   bool partition_is_separate() const;  // ZeRO-2 with several ranks
+  // The bucket assignment's size of one gradient element of `parameter`: what its collective
+  // moves (fp32 with reduce_fp32).
+  static int gradient_element_bytes(const at::Tensor& parameter, const ReducerOptions& options);
 
   FlatParameters& flat_;
   Communicator& comm_;
@@ -105,6 +126,7 @@ class Reducer {
   size_t next_bucket_ = 0;                           // the next bucket to start
   std::vector<Work> in_flight_;
   bool sync_ = false;
+  bool collecting_ = false;  // this backward's hooks count ready parameters (sync, or fp32 sums)
   bool in_backward_ = false;
   at::Tensor partition_grads_;
   std::vector<ReducerEvent> events_;
@@ -112,6 +134,11 @@ class Reducer {
   double comm_span_ms_ = 0.0;
   Stopwatch backward_clock_;  // started by begin_backward
   double first_start_ms_ = -1.0;
+  // Test-only (HPC_TRAIN_TEST_FAULT=capture@RANK, Note [Test faults]): a backward captured into
+  // a CUDA graph (Communicator::capturing) throws once its first bucket has started, with the
+  // backward half done and, where there are peers, that bucket's collective in flight: what a
+  // capture that fails inside the step leaves behind (Note [Failed capture] in step_graph.h).
+  bool test_fail_capture_ = false;
 };
 
 }  // namespace hpc_train

@@ -62,6 +62,9 @@ struct TrainConfig {
   // [zero] ZeRO partitioning and mixed precision
   int zero_stage = 0;             // --zero-stage 0|1|2
   Precision precision = Precision::kFp32;  // --precision fp32|fp16|bf16
+  // --grad-accum-dtype model|fp32: what fp16/bf16 gradients add up in across the micro-steps of
+  // --grad-accum (Note [Gradient precision] in flat_parameters.h)
+  GradientDtype grad_accum_dtype = GradientDtype::kModel;
   double loss_scale = 0.0;        // --loss-scale: fixed fp16 loss scale; 0 = dynamic
   int initial_scale_power = 16;   // --initial-scale-power: dynamic scale starts at 2^this
   int loss_scale_window = 1000;   // --loss-scale-window: steps without overflow before doubling
@@ -72,6 +75,9 @@ struct TrainConfig {
   double bucket_mb = 25.0;        // --bucket-mb: gradient bucket size, MiB
   double first_bucket_mb = 1.0;   // --first-bucket-mb: the first (last-layer) bucket, MiB, as DDP
   bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
+  // --comm-dtype model|fp32: what fp16/bf16 gradients are summed in across ranks (the gradient
+  // all-reduce or reduce-scatter), and what the optimizer reads
+  GradientDtype comm_dtype = GradientDtype::kModel;
 
   // [runtime]
   DeviceChoice device = DeviceChoice::kAuto;    // --device auto|cuda|cpu

@@ -34,6 +34,9 @@ enum class ProgressStyle { kAuto, kBar, kLines };
 // --data-store: the train split read from the dataset for every batch (file), or read once into
 // host memory and exchanged between the ranks (memory; sample_store.h).
 enum class DataStore { kFile, kMemory };
+// --grad-accum-dtype, --comm-dtype: gradients added up across micro-steps, and summed across
+// ranks, in the model's dtype or in fp32 (Note [Gradient precision] in flat_parameters.h).
+enum class GradientDtype { kModel, kFp32 };
 
 template <class Choice>
 struct ChoiceName {
@@ -94,6 +97,12 @@ template <>
 struct ChoiceNames<DataStore> {
   static constexpr ChoiceName<DataStore> kTable[] = {{DataStore::kFile, "file"},
                                                      {DataStore::kMemory, "memory"}};
+};
+
+template <>
+struct ChoiceNames<GradientDtype> {
+  static constexpr ChoiceName<GradientDtype> kTable[] = {{GradientDtype::kModel, "model"},
+                                                         {GradientDtype::kFp32, "fp32"}};
 };
 
 // Whether T is one of the enums above (it has a table).

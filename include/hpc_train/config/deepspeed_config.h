@@ -4,7 +4,8 @@
 // Mapped keys: train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
 // optimizer {type Adam|AdamW, params {lr, betas, eps, weight_decay, adam_w_mode}},
 // fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis,
-// min_loss_scale}, bf16 {enabled}, zero_optimization {stage, reduce_bucket_size,
+// min_loss_scale}, bf16 {enabled}, data_types {grad_accum_dtype}, communication_data_type
+// (fp32 or the model's dtype), zero_optimization {stage, reduce_bucket_size,
 // allgather_bucket_size, overlap_comm, contiguous_gradients, reduce_scatter},
 // gradient_clipping, steps_per_print, scheduler {type WarmupLR|WarmupCosineLR, params},
 // tensorboard and csv_monitor {enabled, output_path, job_name}.

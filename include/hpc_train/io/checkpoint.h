@@ -2,12 +2,13 @@
 // can continue from, and the model's weights exported as safetensors. No LibTorch here: the
 // trainer converts tensors to and from these plain structs.
 //
-// Layout of a checkpoint file (format_version 2; version 1 files are still read, see below). Numbers are little-endian; strings are
-// fixed-length (exactly their bytes, no terminator; an empty one has a null dataspace), which a
-// collective MPI-IO write allows and which h5py reads as bytes. Metadata is written at HDF5 1.8's format version (superblock 2,
-// object headers 2), so every HDF5 from 1.8 on reads it and the metadata is checksummed.
+// Layout of a checkpoint file (format_version 3; versions 1 and 2 are still read, see below).
+// Numbers are little-endian; strings are fixed-length (exactly their bytes, no terminator; an
+// empty one has a null dataspace), which a collective MPI-IO write allows and which h5py reads as
+// bytes. Metadata is written at HDF5 1.8's format version (superblock 2, object headers 2), so
+// every HDF5 from 1.8 on reads it and the metadata is checksummed.
 //
-//   /                      attributes: format = "hpc_train checkpoint", format_version = 1;
+//   /                      attributes: format = "hpc_train checkpoint", format_version = 3;
 //                          model, precision (strings); channels, height, width, num_classes,
 //                          zero_stage, world_size (64-bit integers)
 //   /model/<name>          one dataset per state_dict entry under PyTorch's name (the dots are
@@ -22,7 +23,11 @@
 //                          skipped_steps, samples_in_epoch, micro_batch, grad_accum (64-bit
 //                          integers; the last three since version 2)
 //   /training/config_ini   a string dataset: the resolved configuration, byte for byte
-//   /training/rng_state    1-D unsigned 8-bit integers, opaque (may hold 0 elements)
+//   /training/rng_state    1-D unsigned 8-bit integers, opaque (may hold 0 elements): the CPU
+//                          generator's state
+//   /training/cuda_rng_state  likewise, the CUDA generator's state (seed and Philox offset) of a
+//                          run on a GPU; 0 elements from a CPU run. Since version 3 (Note [Random
+//                          state in checkpoints] in training_state.h)
 //   /loss_scaler           attributes enabled (0 or 1), dynamic (0 or 1, since version 2), scale
 //                          (64-bit float), hysteresis_left, steps, last_overflow_step,
 //                          skipped_steps (64-bit integers)
@@ -30,7 +35,9 @@
 // A version 1 file lacks the attributes that version 2 added; read_checkpoint fills them as
 // version 1 runs behaved: samples_in_epoch = -1 and micro_batch = grad_accum = 0 (unknown: the
 // trainer then assumes the saving run's micro-batch and accumulation were its own), dynamic =
-// enabled (version 1 restored any saved scaler).
+// enabled (version 1 restored any saved scaler). A file before version 3 lacks
+// /training/cuda_rng_state: it reads as empty, and a resume from it leaves the CUDA generator as
+// the run's seed set it, as those versions' resumes did.
 //
 // Every dataset has an attribute crc32 (unsigned 32-bit: zlib's CRC-32 of the dataset's bytes as
 // stored, little-endian): HDF5 checksums its metadata but not the data, and a flipped bit in the
@@ -54,7 +61,7 @@
 
 namespace hpc_train {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr int kOldestReadableCheckpointFormatVersion = 1;
 
 // One tensor of the model's state_dict (parameters and buffers), under PyTorch's name.
@@ -96,7 +103,8 @@ struct Checkpoint {
   bool has_loss_scaler = false;  // fp16
   bool loss_scaler_dynamic = false;  // the saved scaler was a dynamic one (not --loss-scale N)
   LossScalerState loss_scaler;
-  std::vector<uint8_t> rng_state;             // opaque (LibTorch generator state); may be empty
+  std::vector<uint8_t> rng_state;             // opaque (LibTorch's CPU generator); may be empty
+  std::vector<uint8_t> cuda_rng_state;        // opaque (LibTorch's CUDA generator); may be empty
   std::vector<CheckpointTensor> model_state;  // state_dict order
   // fp32, the logical layout: model order, no padding, all the same length.
   std::vector<float> master, exp_avg, exp_avg_sq;

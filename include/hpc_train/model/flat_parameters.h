@@ -38,6 +38,27 @@
 // its LibTorch max pooling slower in NHWC, so it then stayed NCHW (one-channel images kept
 // contiguous weights), with cuDNN converting around its convolutions. Its pooling now runs as a
 // kernel of ours in NHWC (Note [Fused pooling] in pool_bias_relu.h).
+//
+// Note [Gradient precision]
+// With an fp16 or bf16 model, the gradients need not stay in 16 bits between backward and the
+// optimizer (DeepSpeed's data_types.grad_accum_dtype and communication_data_type):
+//  - accumulate_fp32 (--grad-accum-dtype fp32): the micro-steps of an accumulation window add up
+//    in fp32. Left to autograd, they add up in the parameters' 16-bit `.grad`, and every add
+//    rounds the running sum to 8 (bf16) or 11 (fp16) significant bits, at the scale of the sum:
+//    with 8 micro-steps the later ones lose most of their low bits. Instead every backward's
+//    gradients are collected (added) into an fp32 buffer as soon as their bucket is complete,
+//    inside the window too, and `.grad` starts afresh each micro-step.
+//  - reduce_fp32 (--comm-dtype fp32): grads() is fp32: the collectives sum fp32 (each rank's
+//    16-bit or fp32 sum, as above), and the optimizer reads the fp32 sum (at ZeRO 2 the reducer's
+//    partition is fp32 too), so the ranks' gradients are not rounded to 16 bits once more.
+// Which buffer: accumulate and reduce in fp32: grads() (fp32) takes every micro-step. Accumulate
+// in fp32, reduce in the model's dtype: a separate fp32 accumulation() takes them, and at the last
+// micro-step finish_accumulation rounds a bucket's sum once into grads() for its collective.
+// Reduce in fp32 only: autograd adds the micro-steps up in `.grad`, and the last one is collected
+// into the fp32 grads(). Memory, per parameter: grads() costs 4 bytes instead of 2 with
+// reduce_fp32 (and the ZeRO-2 partition 4/N instead of 2/N); a separate accumulation() costs 4
+// more; gradient_bytes() counts both. In an fp32 model both are what happens anyway: nothing
+// changes, bit for bit.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,6 +71,12 @@
 
 namespace hpc_train {
 
+// Note [Gradient precision]. Each is a no-op for an fp32 model.
+struct GradientPrecision {
+  bool accumulate_fp32 = false;  // the micro-steps' gradients add up in fp32
+  bool reduce_fp32 = false;      // grads() is fp32: what the collectives sum, the optimizer reads
+};
+
 class FlatParameters {
  public:
   FlatParameters() = default;
@@ -57,6 +84,12 @@ class FlatParameters {
   // `channels_last_weights`, 4-D parameters channels-last (Note [Channels-last weights]).
   FlatParameters(std::vector<std::string> names, std::vector<at::Tensor> parameters,
                  BucketLayout layout, bool channels_last_weights = false);
+
+  // Note [Gradient precision]: reallocates grads() (zeroed) in the dtype `precision` asks for,
+  // with an fp32 accumulation() where it is needed. The reducer applies its options here.
+  void set_gradient_precision(GradientPrecision precision);
+  // Whether every micro-step's gradients are collected (into fp32), not only the last one's.
+  bool collects_every_micro_step() const { return accumulates_fp32_; }
 
   at::Tensor& values() { return values_; }
   at::Tensor& grads() { return grads_; }
@@ -78,11 +111,19 @@ class FlatParameters {
   void relayout(BucketLayout layout);
 
   // Adds the gradients that backward left in `bucket`'s parameters' `.grad` into their slots of
-  // `grads()` and resets those `.grad` to undefined (Note [Flat parameter storage]). Parameters
-  // without a gradient (unused this step) are skipped: their slots keep what they hold.
+  // `grads()` (of the fp32 accumulation buffer, when there is one) and resets those `.grad` to
+  // undefined (Note [Flat parameter storage]). Parameters without a gradient (unused this step)
+  // are skipped: their slots keep what they hold.
   void collect_grads(size_t bucket);
-  // Zeroes `grads()` and drops any gradient not collected: the state before a backward.
+  // After the last micro-step's collect_grads: `grads()` holds the bucket's sum over the window.
+  // With a separate fp32 accumulation buffer, its bucket is rounded into grads() (Note [Gradient
+  // precision]); otherwise nothing is left to do.
+  void finish_accumulation(size_t bucket);
+  // Zeroes `grads()` (and the accumulation buffer) and drops any gradient not collected: the state
+  // before a backward.
   void zero_grads();
+  // Bytes of the gradient buffers: grads(), and the fp32 accumulation buffer when separate.
+  int64_t gradient_bytes() const;
 
  private:
   void point_parameters_at_buffers();
@@ -97,6 +138,9 @@ class FlatParameters {
   int64_t logical_numel_ = 0;
   at::Tensor values_;
   at::Tensor grads_;
+  // Note [Gradient precision]: an fp32 sum of the micro-steps apart from grads(), or undefined.
+  at::Tensor accumulation_;
+  bool accumulates_fp32_ = false;  // accumulate_fp32 in a 16-bit model
 };
 
 }  // namespace hpc_train

@@ -115,10 +115,17 @@ void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares
                              FusedStepState* state, float* loss_scale_out, cudaStream_t stream);
 
 // The update of every segment, unless the state says the step overflowed. `master` is nullptr
-// when the model is fp32 (the parameters are the master weights, updated in place).
+// when the model is fp32 (the parameters are the master weights, updated in place). The
+// gradients are of the parameters' dtype, or of `grad_dtype` where given: fp32 gradients of a
+// 16-bit model (Note [Gradient precision] in flat_parameters.h).
 void launch_adam_update(const void* grads, void* params, KernelDtype dtype, float* master,
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream);
+void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                        float* master, float* exp_avg, float* exp_avg_sq,
+                        const FusedSegment* segments, int num_segments, int grid_blocks,
+                        const FusedStepState* state, const FusedStepOptions& options,
+                        cudaStream_t stream);
 
 }  // namespace hpc_train

@@ -10,7 +10,10 @@
 // One step: unscale (fp16) -> overflow check agreed by all ranks (fp16; an overflow skips the
 // step everywhere) -> clip by the global norm -> Adam/AdamW on the fp32 master partition ->
 // cast to the model dtype -> all-gather. In fp32 the parameters themselves are the master
-// weights (no copy); in fp16/bf16 a separate fp32 copy of the partition is kept.
+// weights (no copy); in fp16/bf16 a separate fp32 copy of the partition is kept. The gradients
+// it reads are of the model's dtype, or fp32 (Note [Gradient precision] in flat_parameters.h):
+// the overflow check and the norm then see the fp32 sum, which may exceed fp16's range without
+// being an overflow.
 //
 // Two ways to run a step when the parameters are on a GPU (GPU build), both through the fused
 // kernels of fused_optimizer.h:

@@ -37,12 +37,14 @@ class GraphedStep {
   }
 
   // Runs step `step` (the global step, from 0) on `batch`, in the model's layout, from the
-  // graph, copying it into the static buffers; the first call captures `enqueue_step` first. Returns false when that capture failed
-  // (said through `reporter`): the caller runs the step eagerly, and no capture is tried again.
-  // Throws Error instead when the graph is required.
+  // graph, copying it into the static buffers; the first call captures `enqueue_step` first.
+  // Returns false when that capture failed (said through `reporter`), after `discard_step` has
+  // put back what the partly queued step changed (Note [Failed capture] in step_graph.h): the
+  // caller runs the step eagerly, and no capture is tried again. Throws Error instead when the
+  // graph is required.
   bool run(const DeviceBatch& batch, int64_t step,
-           const std::function<void(const DeviceBatch&)>& enqueue_step, Communicator& comm,
-           RunReporter& reporter);
+           const std::function<void(const DeviceBatch&)>& enqueue_step,
+           const std::function<void()>& discard_step, Communicator& comm, RunReporter& reporter);
 
   // Once the graph is captured, a step's batch goes straight into static_batch()
   // (DeviceInput::take_into, Note [One input kernel] in device_input.cpp) and replay() runs it.

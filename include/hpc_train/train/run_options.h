@@ -20,7 +20,8 @@ namespace hpc_train {
 // fp32 master weights in the optimizer.
 torch::Dtype model_dtype(const TrainConfig& config);
 
-// --bucket-mb, --first-bucket-mb, --overlap-comm; ZeRO-2 reduce-scatters.
+// --bucket-mb, --first-bucket-mb, --overlap-comm; ZeRO-2 reduce-scatters; --grad-accum-dtype
+// (with --grad-accum > 1) and --comm-dtype.
 ReducerOptions reducer_options(const TrainConfig& config);
 
 // fp16's loss scaling (--loss-scale 0: dynamic, from 2^--initial-scale-power); none otherwise.

@@ -41,6 +41,29 @@ class TrainingStreamScope {
   std::unique_ptr<Impl> impl_;
 };
 
+// Note [Failed capture]
+// A capture that fails inside the step (an operation that cannot be captured, an error thrown by
+// the step) stops part-way: nothing captured has run on the GPU, but the host has gone on as if
+// the step had been queued, and the eager step that replaces it (GraphedStep::run) must find
+// everything as an eager run would. StepGraph::capture puts back
+//  - the capture: ended through LibTorch (CUDAGraph::capture_end) while CUDA still holds it
+//    valid, so that LibTorch's bookkeeping ends with it (the caching allocator stops sending
+//    allocations to the capture's private pool, which goes with the graph; the CUDA generator
+//    leaves its capture mode); an invalidated one through CUDA; CUDA's last error is cleared;
+//  - the step's state, through the caller's `discard_step`: the reducer forgets the backward
+//    (its in-backward state and its buckets' collectives) and the gradients are zeroed, which
+//    drops the `.grad` tensors that autograd left from the capture (Reducer::discard_backward):
+//    never computed, an eager backward would otherwise add its gradients into them;
+//  - the default generators, CPU and CUDA, as they were before the capture (the CUDA one as a
+//    copy of its state then: LibTorch's generator is left in capture mode by a capture that did
+//    not end through it, and then refuses every later draw; with LibTorch 2.11, vgg11_bn's first
+//    eager dropout after such a capture ended the run with "Offset increment outside graph
+//    capture encountered unexpectedly"), so that the eager step's dropout draws what an eager
+//    run's draws (Note [Random state in checkpoints] in training_state.h).
+// The test-only HPC_TRAIN_TEST_FAULT=capture@RANK (Note [Test faults]) fails a capture half-way
+// through the backward; tests/test_capture_failure.sh checks that the run then ends bitwise equal
+// to an eager one.
+
 class StepGraph {
  public:
   StepGraph();
@@ -49,9 +72,13 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
 
   // Captures what `enqueue_step` queues on the current stream, which must not be the default
-  // one (see TrainingStreamScope). Nothing captured runs now. Returns false with the reason in *why when the
-  // capture failed (an operation that cannot be captured); the streams are usable afterwards.
-  bool capture(const std::function<void()>& enqueue_step, std::string* why);
+  // one (see TrainingStreamScope). Nothing captured runs now. Returns false with the reason in
+  // *why when the capture failed (an operation that cannot be captured, or an error thrown by
+  // the step), having put back what the capture changed (Note [Failed capture]), with
+  // `discard_step` for what the step itself changed on the host: the streams, the random
+  // generators and the step's state are then as before the capture.
+  bool capture(const std::function<void()>& enqueue_step,
+               const std::function<void()>& discard_step, std::string* why);
   bool captured() const;
   // Launches the captured step on the current stream, through `comm` (whose collectives it
   // holds: Communicator::launch_captured), and registers the replay with comm's watchdog as one

@@ -1,5 +1,5 @@
 // The run's state between its tensors and checkpoint files: the model's state_dict, the
-// optimizer state, the CPU random state, what a resume takes back from a file (checkpoint.h's
+// optimizer state, the random state, what a resume takes back from a file (checkpoint.h's
 // plain structs), and the run's checkpoints themselves (RunCheckpoints: which one to resume,
 // writing, pruning, resuming). The trainer decides when; this unit knows how.
 #pragma once
@@ -41,15 +41,39 @@ void fill_model_checkpoint(const DatasetInfo& input, const TrainableModel& model
 Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& model,
                             int64_t global_step);
 
-// Adds the optimizer state (gathered, logical layout) and the CPU generator's state, reusing
-// `checkpoint`'s vectors.
-void add_optimizer_and_rng_state(Checkpoint& checkpoint, const FullOptimizerState& state);
+// Note [Random state in checkpoints]
+// A resume continues exactly only if its random draws go on where the saved run's stood.
+// Training draws from LibTorch's default generators: dropout (vgg11_bn, vgg16_bn, scripted
+// models) from the CPU generator on the CPU and from the CUDA generator of the rank's device on a
+// GPU; the input's augmentation draws none (Note [Augmentation draws] in device_input.h). So a
+// checkpoint holds the CPU generator's state and, from a run on a GPU, the CUDA generator's (its
+// seed and Philox offset), and a resume sets both on every rank. Checkpoints before format
+// version 3 held no CUDA state: a GPU run resumed from one drew step 0's dropout masks again,
+// and still does (checkpoint.h).
+// Every rank draws the same sequence, as DDP with torch.manual_seed(seed) on every rank does:
+// every rank seeds with the same --seed (torch::manual_seed in the trainer) and draws as many
+// numbers in every step (every rank's micro-batch has the same size, Note [Gradient averaging]
+// in trainer.cpp), so the ranks' masks have the same pattern and differ in what they mask only
+// through their samples. Rank 0's state is therefore every rank's: a checkpoint holds it once,
+// every rank passes the same contents to write_checkpoint, and restoring it on every rank is
+// exact, at the saving run's world size and at another one.
+// CUDA graphs: LibTorch advances the host's Philox offset by the whole step's draws at every
+// replay, before it launches the graph (its Note [CUDA Graph-safe RNG states]), so the state
+// taken after replayed steps is the one eager steps would have left; a failed capture leaves the
+// generators as they were before it (Note [Failed capture] in step_graph.h).
+
+// Adds the optimizer state (gathered, logical layout) and the random state of a run on
+// `device` (Note [Random state in checkpoints]), reusing `checkpoint`'s vectors.
+void add_optimizer_and_rng_state(Checkpoint& checkpoint, const FullOptimizerState& state,
+                                 const torch::Device& device);
 
 // For a resume from `checkpoint` (read from `path`): throws DataError naming the file when it
 // holds another model (another identity: another registry name, or TorchScript of other code)
-// or input (check_checkpoint_fits), else copies its buffers into `model` (the parameters follow
-// the master weights, ZeroOptimizer::load_full_state) and restores the CPU generator. Returns
-// the optimizer state on `device`.
+// or input (check_checkpoint_fits), or random state that LibTorch's generators refuse, else
+// copies its buffers into `model` (the parameters follow the master weights,
+// ZeroOptimizer::load_full_state) and restores the generators of a run on `device` (Note
+// [Random state in checkpoints]; a CPU run ignores a CUDA state). Returns the optimizer state
+// on `device`.
 FullOptimizerState restore_model_and_rng(const Checkpoint& checkpoint, const std::string& path,
                                          const DatasetInfo& input, TrainableModel& model,
                                          int64_t flat_numel, const torch::Device& device);

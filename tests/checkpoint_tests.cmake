@@ -23,3 +23,13 @@ endforeach()
 # the clock restarted at every checkpoint.
 hpc_train_add_test(NAME test_checkpoint_cadence SOURCES test_checkpoint_cadence.cpp RANKS 1
   LIBS hpc_train_core LABELS checkpoint TIMEOUT 60)
+
+# A full disk (Note [Checkpoint space] in checkpoint.h, Note [Monitors never end the run] in
+# metrics.h): test_disk_full ends files part way with RLIMIT_FSIZE (a monitor's file, a checkpoint
+# that HDF5 fails to write); test_disk_full_run fills small tmpfs mounts under the real program,
+# monitors and checkpoints (root: skipped where mount is refused).
+hpc_train_add_test(NAME test_disk_full SOURCES test_disk_full.cpp RANKS 1
+  LIBS hpc_train_core hpc_train_test_support LABELS checkpoint TIMEOUT 60)
+hpc_train_add_script_test(NAME test_disk_full_run SCRIPT test_disk_full_run.sh LABELS checkpoint
+  TIMEOUT 400)
+set_tests_properties(test_disk_full_run PROPERTIES SKIP_RETURN_CODE 77)

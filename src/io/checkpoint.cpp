@@ -1,7 +1,9 @@
 #include "hpc_train/io/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -140,6 +142,41 @@ void make_directories(const std::string& directory) {
     throw Error(directory + " is not a directory");
 }
 
+// --- Space for a checkpoint (Note [Checkpoint space] in checkpoint.h) --------------------------
+
+// What HDF5 adds to the data: the superblock, object headers (with the crc32 attributes), the
+// groups' link indexes and heaps. simple_cnn's checkpoint for Fashion-MNIST (8 model tensors,
+// 25 MB) holds 15 KiB more than its arrays, its configuration and random state included; the
+// allowance is 20 times that, still a rounding error beside the data.
+constexpr uint64_t kCheckpointMetadataBytes = 256 * 1024;
+constexpr uint64_t kCheckpointMetadataBytesPerDataset = 4 * 1024;
+
+// An upper bound of the file's size: the data, plus the metadata allowance. The data of the
+// small datasets (the configuration, the random state: a few KiB) count as metadata.
+uint64_t checkpoint_file_bytes(const Checkpoint& c) {
+  uint64_t bytes = kCheckpointMetadataBytes + c.config_ini.size() +
+                   sizeof(float) * (c.master.size() + c.exp_avg.size() + c.exp_avg_sq.size()) +
+                   c.rng_state.size() + c.cuda_rng_state.size();
+  for (const CheckpointTensor& tensor : c.model_state) bytes += tensor.data.size();
+  // The model's datasets, the optimizer's three, and the training state's few, with room.
+  const uint64_t datasets = c.model_state.size() + 3 + 8;
+  return bytes + datasets * kCheckpointMetadataBytesPerDataset;
+}
+
+// Throws Error when the file system that holds `path`'s directory has less than `bytes` free,
+// before anything is written; says nothing when it cannot tell (the write then will).
+void check_free_space(const std::string& path, uint64_t bytes) {
+  const std::string directory = directory_of(path);
+  struct statvfs file_system {};
+  if (::statvfs(directory.c_str(), &file_system) != 0) return;
+  const uint64_t free_bytes = uint64_t{file_system.f_bavail} * file_system.f_frsize;
+  if (free_bytes < bytes)
+    throw Error("it takes about " + memory_text(static_cast<double>(bytes)) + " and " + directory +
+                " has " + memory_text(static_cast<double>(free_bytes)) + " free (" +
+                std::strerror(ENOSPC) + "); make room, or keep fewer checkpoints "
+                "(--keep-checkpoints)");
+}
+
 // --- Writing (h5::Lock held) ---------------------------------------------------------------
 
 // Which part of the file this process writes. Under MPI-IO every rank makes the same metadata
@@ -214,12 +251,26 @@ class CheckpointWriter {
 };
 
 // The file being written. Under MPI-IO its close is collective: after a failure the other ranks
-// may never join it, so then it is left open (Note [Ending the job] in runtime.h).
+// may never join it, so then it is left open (Note [Ending the job] in runtime.h). With HDF5's
+// POSIX driver, the first HDF5 call that fails sends the file's remaining writes nowhere, and a
+// file given up on is closed so (Note [Checkpoint space], step 3).
 class OutputFile {
  public:
-  OutputFile(hid_t id, bool collective_close) : id_(id), collective_close_(collective_close) {}
+  OutputFile(hid_t id, bool collective) : id_(id), collective_(collective) {
+    if (collective_) return;
+    void* handle = nullptr;
+    if (H5Fget_vfd_handle(id_, H5P_DEFAULT, &handle) >= 0 && handle != nullptr)
+      fd_ = *static_cast<const int*>(handle);
+    // HDF5 calls its error handler when an API call fails, before that call returns: before the
+    // exception that H5_CHECK makes unwinds the handles, whose closes write too.
+    H5Eset_auto2(H5E_DEFAULT, &OutputFile::on_hdf5_error, this);
+  }
   ~OutputFile() {
-    if (id_ >= 0 && !collective_close_) H5Fclose(id_);
+    if (collective_) return;
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    if (id_ < 0) return;
+    discard_writes();
+    H5Fclose(id_);
   }
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -228,9 +279,41 @@ class OutputFile {
   // Every object in the file must be closed first: the MPI-IO driver refuses otherwise.
   void close() { H5_CHECK(H5Fclose(std::exchange(id_, H5I_INVALID_HID))); }
 
+  // Note [Checkpoint space], step 2: claims the file's first `bytes` of disk (POSIX driver)
+  // without changing its size, so that the writes there find their blocks. Throws Error when the
+  // file system or a quota refuses; a file system that cannot reserve is passed over.
+  void reserve(uint64_t bytes) {
+    if (fd_ < 0) return;
+    int rc = 0;
+    while ((rc = ::fallocate(fd_, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes))) != 0 &&
+           errno == EINTR) {
+    }
+    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+      throw Error("cannot reserve " + memory_text(static_cast<double>(bytes)) + ": " +
+                  system_error());
+  }
+
  private:
+  static herr_t on_hdf5_error(hid_t /*stack*/, void* file) {
+    static_cast<OutputFile*>(file)->discard_writes();
+    return 0;  // the stack stays for H5_CHECK's message
+  }
+
+  // Points the driver's descriptor at an anonymous memory file (once), so that no later write of
+  // this file can fail. POSIX calls only: it runs inside HDF5's error handling. Best effort.
+  void discard_writes() noexcept {
+    if (discarded_ || fd_ < 0) return;
+    discarded_ = true;
+    const int sink = ::memfd_create("hpc_train discarded checkpoint", MFD_CLOEXEC);
+    if (sink < 0) return;
+    (void)::dup2(sink, fd_);
+    ::close(sink);
+  }
+
   hid_t id_;
-  bool collective_close_;
+  bool collective_;
+  int fd_ = -1;  // the POSIX driver's
+  bool discarded_ = false;
 };
 
 // Writes the whole layout of checkpoint.h into `temporary`, flushed and closed. Collective over
@@ -250,6 +333,7 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
     OutputFile file(
         H5_CHECK(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get())),
         part.collective);
+    if (!part.collective) file.reserve(checkpoint_file_bytes(checkpoint));
     {
       const CheckpointWriter writer(part);
       const Checkpoint& c = checkpoint;
@@ -317,9 +401,20 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
                                c.loss_scaler.last_overflow_step);
       h5::write_integer_attribute(scaler.get(), "skipped_steps", c.loss_scaler.skipped_steps);
     }
+    // Note [Checkpoint space]: what the flush writes lands on blocks the file already holds.
+    if (!part.collective) {
+      hsize_t file_bytes = 0;
+      H5_CHECK(H5Fget_filesize(file.get(), &file_bytes));
+      file.reserve(file_bytes);
+    }
     // Under MPI-IO the flush syncs every rank's writes (MPI_File_sync); the close does not.
     H5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
     file.close();
+    // What the reservation claimed beyond the file's end goes back (a truncation to the same
+    // size frees the blocks past it).
+    struct stat status {};
+    if (!part.collective && ::stat(temporary.c_str(), &status) == 0)
+      (void)::truncate(temporary.c_str(), status.st_size);
   } catch (const Error& e) {
     throw Error(std::string("writing ") + temporary + ": " + e.what());
   }
@@ -584,6 +679,7 @@ void check_writable(const Checkpoint& checkpoint, const std::string& failed) {
 // then committed under its final name.
 void write_whole_file(const std::string& path, const Checkpoint& checkpoint, AtomicFile& file) {
   make_directories(directory_of(path));
+  check_free_space(path, checkpoint_file_bytes(checkpoint));  // Note [Checkpoint space]
   write_file(file.temporary(), checkpoint, MPI_COMM_SELF, WriterPart{});
   file.commit();
 }
@@ -637,7 +733,10 @@ void write_checkpoint(MPI_Comm comm, const std::string& path, const Checkpoint& 
     agree([&] { write_whole_file(path, checkpoint, *file); });
     return;
   }
-  agree([&] { make_directories(directory_of(path)); });
+  agree([&] {
+    make_directories(directory_of(path));
+    check_free_space(path, checkpoint_file_bytes(checkpoint));  // Note [Checkpoint space]
+  });
   try {
     write_file(temporary, checkpoint, comm, WriterPart{true, rank, world});
   } catch (const Error& e) {

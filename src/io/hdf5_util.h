@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "hpc_train/error.h"
 
@@ -51,19 +52,34 @@ class Unlocked {
 };
 
 // HDF5's own description of the last failure: the messages of the default error stack, from
-// the API call down towards the innermost cause, e.g. "H5Fopen(): unable to open file; ...".
+// the API call down towards the innermost cause, e.g. "H5Fopen(): unable to open file; ...". The
+// first few say what failed and the innermost why; the ones between are plumbing and left out.
+// The POSIX driver's innermost message of a failed read or write ("file write failed: time =
+// ..., errno = 28, error message = 'No space left on device', buf = ...") is cut to what it says
+// ("file write failed: No space left on device").
 inline std::string error_stack_message() {
-  std::string message;
-  auto append = [](unsigned depth, const H5E_error2_t* error, void* data) -> herr_t {
-    auto* text = static_cast<std::string*>(data);
-    if (depth >= 6) return 0;  // the first few say it all; deeper entries are plumbing
-    if (!text->empty()) *text += "; ";
-    *text += std::string(error->func_name ? error->func_name : "?") + "(): " +
-             (error->desc ? error->desc : "");
+  std::vector<std::string> entries;
+  auto collect = [](unsigned, const H5E_error2_t* error, void* data) -> herr_t {
+    std::string description = error->desc ? error->desc : "";
+    const std::string os_error = "error message = '";
+    const size_t at = description.find(os_error);
+    if (at != std::string::npos) {
+      const size_t begin = at + os_error.size();
+      description = description.substr(0, description.find(':')) + ": " +
+                    description.substr(begin, description.find('\'', begin) - begin);
+    }
+    static_cast<std::vector<std::string>*>(data)->push_back(
+        std::string(error->func_name ? error->func_name : "?") + "(): " + description);
     return 0;
   };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, append, &message);
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &entries);
   H5Eclear2(H5E_DEFAULT);
+  constexpr size_t kFirstEntries = 6;
+  std::string message;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i >= kFirstEntries && i + 1 < entries.size()) continue;
+    message += (i == 0 ? "" : i > kFirstEntries ? "; ...; " : "; ") + entries[i];
+  }
   for (char& c : message)  // some HDF5 messages embed a ctime() stamp with its newline
     if (c == '\n') c = ' ';
   return message.empty() ? std::string("HDF5 reported no details") : message;

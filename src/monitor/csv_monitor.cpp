@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 
 #include "hpc_train/error.h"
 
@@ -42,22 +41,22 @@ CsvMonitorWriter::CsvMonitorWriter(const std::string& directory) : directory_(di
 }
 
 void CsvMonitorWriter::write(const std::vector<ScalarEvent>& events) {
-  if (directory_.empty()) return;
+  if (directory_.empty() || failed_) return;
   for (const ScalarEvent& event : events) {
-    const std::string path = directory_ + "/" + csv_monitor_file_name(event.tag);
-    std::error_code missing;
-    const uintmax_t size_bytes = std::filesystem::file_size(path, missing);
-    const bool has_rows = !missing && size_bytes > 0;
-    std::ofstream out(path, std::ios::binary | std::ios::app);
-    if (!out) throw Error("cannot open " + path + " for writing");
-    if (!has_rows) {
+    MonitorFile file(directory_ + "/" + csv_monitor_file_name(event.tag), "the CSV monitor");
+    std::string rows;
+    if (file.opened_size_bytes() == 0) {
       const size_t slash = event.tag.rfind('/');
-      out << "step," << (slash == std::string::npos ? event.tag : event.tag.substr(slash + 1))
-          << "\r\n";
+      rows = "step," + (slash == std::string::npos ? event.tag : event.tag.substr(slash + 1)) +
+             "\r\n";
     }
-    out << event.step << ',' << format_number(event.value) << "\r\n";
-    out.flush();
-    if (!out) throw Error("cannot write to " + path);
+    rows += std::to_string(event.step) + ',' + format_number(event.value) + "\r\n";
+    // Note [Monitors never end the run]: the first file that fails stops the whole monitor,
+    // after its one warning.
+    if (!file.append(rows)) {
+      failed_ = true;
+      return;
+    }
   }
 }
 

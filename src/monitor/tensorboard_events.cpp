@@ -169,34 +169,28 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory) {
   // TensorBoard reads every events.out.tfevents.* file of a directory: a resumed run adds its
   // own. Two writers in the same second on the same host (a quick restart) get the pid too,
   // rather than one appending to the other's file.
-  path_ = directory + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_s)) + "." +
-          host_name();
-  if (std::filesystem::exists(path_)) path_ += "." + std::to_string(getpid());
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error("cannot open " + path_ + " for writing");
-  out_ << tfrecord(event_file_version(now_s));
-  out_.flush();
-  if (!out_) throw Error("cannot write to " + path_);
+  std::string path = directory + "/events.out.tfevents." +
+                     std::to_string(static_cast<int64_t>(now_s)) + "." + host_name();
+  if (std::filesystem::exists(path)) path += "." + std::to_string(getpid());
+  file_ = MonitorFile(path, "the TensorBoard monitor");
+  file_.append(tfrecord(event_file_version(now_s)));
 }
 
 void TensorBoardWriter::write(const std::vector<ScalarEvent>& events) {
-  if (path_.empty()) return;
+  if (path().empty()) return;
   const double now_s = wall_time_now_s();
+  // One append: a full disk leaves the file at the previous interval's end, whole records only.
   std::string records;
   for (const ScalarEvent& event : events)
     records +=
         tfrecord(event_scalar(now_s, event.step, event.tag, static_cast<float>(event.value)));
-  out_ << records;
-  out_.flush();
-  if (!out_) throw Error("cannot write to " + path_);
+  file_.append(records);
 }
 
 void TensorBoardWriter::session_start(int64_t step, const std::string& checkpoint_path,
                                       const std::string& message) {
-  if (path_.empty()) return;
-  out_ << tfrecord(event_session_start(wall_time_now_s(), step, checkpoint_path, message));
-  out_.flush();
-  if (!out_) throw Error("cannot write to " + path_);
+  if (path().empty()) return;
+  file_.append(tfrecord(event_session_start(wall_time_now_s(), step, checkpoint_path, message)));
 }
 
 }  // namespace hpc_train

@@ -118,6 +118,29 @@ enum class CheckpointWriteMode {
   kRankZero,    // rank 0 writes the whole file (HDF5's POSIX driver) while the others wait
 };
 
+// Note [Checkpoint space]
+// A full disk (or a quota) must end a run with an error naming the checkpoint, the earlier
+// checkpoints and `latest` as they were (the temporary file removed, Note [Atomic file write]).
+// HDF5 1.10 does not survive one on its own: once a flush of its metadata cache fails (the one in
+// H5Fclose too), the cache stays half-flushed ("slist already enabled?"), no later flush or close
+// gets the file out, and the library's teardown at MPI_Finalize dereferences it: the job died
+// with signal 11 (exit 139) instead of an error. A failure in a write of the data is survivable,
+// if the close that follows cannot fail. So a checkpoint's writer
+//  1. checks the file system's free space (statvfs) against an upper bound of the file's size
+//     (the data plus an allowance for HDF5's metadata) before any file exists: the common case
+//     ends there, with "it takes about X and DIR has Y free", on every rank alike;
+//  2. with HDF5's POSIX driver, reserves that much for the new file (fallocate, keeping its
+//     size) right after creating it, which a quota or a competing writer may still refuse, and
+//     before the flush reserves whatever the file has grown to beyond it, so that the flush
+//     writes on blocks the file holds; the reservation past the file's end goes back once it is
+//     written. A file system that cannot reserve is left to step 1;
+//  3. with the POSIX driver, closes a file it gives up on (any failure before the flush) with its
+//     descriptor pointed at an anonymous memory file, so that what the close still writes
+//     succeeds and HDF5 stays usable (the next checkpoint, the loader's reads, the teardown).
+// What remains: a flush that fails all the same (an I/O error, or a full disk that cannot
+// reserve and filled up after step 1). A collective MPI-IO write has step 1 only; a failure
+// after it may end the job with MPI_Abort (write_checkpoint's comment).
+
 // Collective over `comm`. Every rank passes the same contents. Writes `path` atomically: under a
 // temporary name in the same directory, fsynced, renamed over `path`, directory fsynced; when it
 // returns on any rank the file is complete under `path` (with kRankZero, rank 0 may replace an
@@ -125,7 +148,8 @@ enum class CheckpointWriteMode {
 // is missing. kCollective needs a directory that every rank sees (a shared file system across
 // nodes). Throws Error naming the file on failure: a malformed checkpoint (a dtype other than F32
 // or I64, data that does not fill its shape, a name HDF5 cannot hold, optimizer arrays of
-// unequal lengths) and a failed write. With kRankZero every rank throws the same error; with
+// unequal lengths), too little space (Note [Checkpoint space]) and a failed write. With
+// kRankZero every rank throws the same error; with
 // kCollective a failure that only some ranks meet (a full disk) throws on those ranks at once,
 // while the others may wait in a collective until the job ends (Note [Ending the job] in
 // runtime.h): the previous files stay as they were either way.

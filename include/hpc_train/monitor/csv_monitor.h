@@ -18,18 +18,20 @@ namespace hpc_train {
 std::string csv_monitor_file_name(const std::string& tag);
 
 // Appends events to the tags' CSV files in `directory` (created with its parents). A
-// default-constructed writer drops everything.
+// default-constructed writer drops everything; so does one after a file of it could not be
+// written, which warned once (Note [Monitors never end the run] in metrics.h).
 class CsvMonitorWriter {
  public:
   CsvMonitorWriter() = default;
   // Throws Error naming the directory when it cannot be created.
   explicit CsvMonitorWriter(const std::string& directory);
-  // Each event appended to its tag's file, flushed. Throws Error naming a file it cannot write.
+  // Each event appended to its tag's file, written at once.
   void write(const std::vector<ScalarEvent>& events);
   const std::string& directory() const { return directory_; }
 
  private:
   std::string directory_;
+  bool failed_ = false;
 };
 
 }  // namespace hpc_train

@@ -13,12 +13,11 @@
 //                      (tensorflow/core/util/event.proto, tensorflow/core/framework/summary.proto)
 //
 // TensorBoardWriter puts them in a file named events.out.tfevents.<unix seconds>.<hostname>, as
-// TensorBoard expects, and flushes after every batch of events so that a live TensorBoard sees
+// TensorBoard expects, and writes every batch of events at once so that a live TensorBoard sees
 // each log interval as it is written.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,23 +44,22 @@ std::string event_session_start(double wall_time_s, int64_t step,
                                 const std::string& checkpoint_path, const std::string& message);
 
 // Appends scalar events to one event file in `directory` (created with its parents). A
-// default-constructed writer (other ranks, TensorBoard off) drops everything.
+// default-constructed writer (other ranks, TensorBoard off) drops everything; so does one whose
+// file cannot be written, after one warning (Note [Monitors never end the run] in metrics.h).
 class TensorBoardWriter {
  public:
   TensorBoardWriter() = default;
-  // Throws Error naming the directory or file when it cannot be created.
+  // Throws Error naming the directory when it cannot be created.
   explicit TensorBoardWriter(const std::string& directory);
-  // One Event per scalar, then a flush. Throws Error when the file cannot be written.
+  // One Event per scalar, written at once.
   void write(const std::vector<ScalarEvent>& events);
   // A SessionLog START at `step` (samples seen, as the scalars' steps), naming the checkpoint
-  // the run resumed from, then a flush (Note [Resume in TensorBoard]). Throws Error when the
-  // file cannot be written.
+  // the run resumed from, written at once (Note [Resume in TensorBoard]).
   void session_start(int64_t step, const std::string& checkpoint_path, const std::string& message);
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  std::string path_;
-  std::ofstream out_;
+  MonitorFile file_;
 };
 
 }  // namespace hpc_train

@@ -38,6 +38,10 @@ enum TypeCode : uint8_t {
   kVlenString,
   kOpaque,
   kCrc32,  // an unsigned 32-bit integer: the CRC-32 of the data of the dataset at the op's path
+  // A signed little-endian integer of 16 bytes (precision 64): wider than any the readers take,
+  // as a damaged datatype message can claim (labels of gigabytes each made H5Dread allocate
+  // that much per label). Last, so that the codes before it keep their seeds' meaning.
+  kWideInteger,
   kTypeCount
 };
 
@@ -160,6 +164,11 @@ hid_t make_type(const Value& value) {
       return type;
     }
     case kOpaque: return H5Tcreate(H5T_OPAQUE, 4);
+    case kWideInteger: {
+      const hid_t type = H5Tcopy(H5T_STD_I64LE);
+      H5Tset_size(type, 16);
+      return type;
+    }
     default: return H5Tcopy(H5T_STD_U32LE);  // kCrc32
   }
 }
@@ -365,6 +374,7 @@ uint8_t type_code(hid_t type, uint8_t& string_size) {
       if (size == 1) return sign ? kI8 : kU8;
       if (size == 2) return sign ? kI16 : kU16;
       if (size == 4) return sign ? kI32 : kU32;
+      if (size > 8) return kWideInteger;
       return sign ? (big_endian ? kI64Be : kI64) : kU64;
     }
     case H5T_FLOAT:

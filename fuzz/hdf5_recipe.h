@@ -20,7 +20,8 @@
 //   str   = length:u8 bytes
 //   value = type:u8 [size:u8, fixed strings] space:u8 dims:u64[rank] bytes:str16
 //           type % kTypeCount: see TypeCode in hdf5_recipe.cpp (integers, floats of both byte
-//           orders, fixed and variable-length strings, opaque, and the CRC-32 of a dataset);
+//           orders, fixed and variable-length strings, opaque, the CRC-32 of a dataset, and a
+//           16-byte integer);
 //           space >> 6: 0 simple of rank (space & 7) % 5, 1 scalar, 2 null
 //   str16 = length:u16 bytes; the element bytes, repeated to fill the shape (variable-length
 //           strings: the '\0'-separated strings, repeated). Shapes over kMaxDataBytes stay

@@ -8,6 +8,10 @@ hpc_train_add_test(NAME test_converters SOURCES test_converters.cpp RANKS 1 LABE
 hpc_train_add_test(NAME test_dataset_file SOURCES test_dataset_file.cpp RANKS 1 2 3 LABELS data
   TIMEOUT 60)
 hpc_train_add_script_test(NAME test_data_tool SCRIPT test_data_tool.sh LABELS data TIMEOUT 60)
+# inspect on a dataset file damaged in fixed places (truncated, superblock, signatures, datatype
+# sizes, bit flips of a fixed seed): exit 1 to 3 naming the file, never a signal or a hang.
+hpc_train_add_script_test(NAME test_inspect_damaged SCRIPT test_inspect_damaged.sh LABELS data
+  TIMEOUT 300)
 # The reader threads that put a batch's reads in flight together (Note [Reads in flight]).
 hpc_train_add_test(NAME test_reader_threads SOURCES test_reader_threads.cpp RANKS 1 LABELS data
   TIMEOUT 60)

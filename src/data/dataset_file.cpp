@@ -208,9 +208,13 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
 
   const std::string labels_name = path + ": " + group + "/labels";
   h5::Type label_type(H5_CHECK(H5Dget_type(labels.get())));
-  if (H5Tget_class(label_type.get()) != H5T_INTEGER)
+  // Up to 64 bits, as they are read: a corrupt datatype message can claim integers of gigabytes
+  // each, and H5Dread then allocated and cleared a conversion buffer of that size per label (one
+  // flipped byte of a file's size field: minutes, or the process killed for its memory).
+  if (H5Tget_class(label_type.get()) != H5T_INTEGER ||
+      H5Tget_size(label_type.get()) > sizeof(int64_t))
     throw DataError(labels_name + " has dtype " + h5::describe_type(label_type.get()) +
-                    ", expected integers");
+                    ", expected integers of up to 64 bits");
   const std::vector<hsize_t> label_dims = dataset_dims(labels.get());
   if (label_dims.size() != 1)
     throw DataError(labels_name + " has shape " + join_dims(label_dims) + ", expected 1-D [N]");
@@ -709,9 +713,9 @@ void read_fully(const DirectRead& read, Split split) {
   }
 }
 
-// Opens and validates one file (DatasetFile::open's contract), its info in `info` (the sizes
-// set). Collective over `comm` with FileAccess::kMpiIo.
-OpenFile open_file(const std::string& path, FileAccess access, MPI_Comm comm, DatasetInfo& info) {
+// open_file, whose errors may not name the file.
+OpenFile open_and_validate(const std::string& path, FileAccess access, MPI_Comm comm,
+                           DatasetInfo& info) {
   // Checked before the collective H5Fopen: every rank sees the same file and throws alike,
   // where a failed collective open could leave some ranks waiting.
   require_regular_file(path);
@@ -753,6 +757,21 @@ OpenFile open_file(const std::string& path, FileAccess access, MPI_Comm comm, Da
     posix_fadvise(opened.samples.get(), 0, 0, POSIX_FADV_RANDOM);
   }
   return opened;
+}
+
+// Opens and validates one file (DatasetFile::open's contract), its info in `info` (the sizes
+// set). Collective over `comm` with FileAccess::kMpiIo. Every error names the file: the checks'
+// own messages begin with it, and an HDF5 call that fails on a damaged file (H5_CHECK: the
+// call, file:line and HDF5's own stack) gets it put in front, with what it likely means.
+OpenFile open_file(const std::string& path, FileAccess access, MPI_Comm comm, DatasetInfo& info) {
+  try {
+    return open_and_validate(path, access, comm, info);
+  } catch (const DataError& e) {
+    const std::string message = e.what();
+    if (message.compare(0, path.size() + 2, path + ": ") == 0) throw;
+    throw DataError(path + ": HDF5 cannot read this file's structure (a damaged file?): " +
+                    message);
+  }
 }
 
 std::string floats_text(const std::vector<float>& values) {

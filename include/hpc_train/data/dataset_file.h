@@ -2,7 +2,7 @@
 //
 // Layout (data/README.md says the same for people who write such files with h5py):
 //   /train/images  uint8  [N, C, H, W], chunked for random access
-//   /train/labels  int64  [N]          (any integer type is accepted on read)
+//   /train/labels  int64  [N]          (any integer type of up to 64 bits is accepted on read)
 //   /test/images   uint8  [M, C, H, W]
 //   /test/labels   int64  [M]
 //   attributes on the root group: num_classes, class_names, channels, height, width,

@@ -9,6 +9,10 @@ hpc_train_add_test(NAME test_initial_weights SOURCES test_initial_weights.cpp RA
 # Modules scripted by Debian's python3-torch, trained, resumed and refused end to end
 # (tests/test_torchscript.sh says what); initial weights from PyTorch state_dicts.
 hpc_train_add_script_test(NAME test_torchscript SCRIPT test_torchscript.sh TIMEOUT 600)
+# A module with a parameter that no gradient reaches is refused before training, naming it, at 1
+# and 3 ranks, within the timeout (Note [Unused parameters] in src/model/scripted_model.cpp).
+hpc_train_add_script_test(NAME test_torchscript_unused SCRIPT test_torchscript_unused.sh
+  TIMEOUT 300)
 # A scripted resnet18 trains with graph replays, in fp32, bf16 and fp16, and starts where the
 # built-in one does from the same --init-weights (ctest -L gpu on the GPU machine; its Python's
 # torch scripts the module).

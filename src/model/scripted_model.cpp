@@ -1,11 +1,14 @@
 #include "hpc_train/model/scripted_model.h"
 
+#include <ATen/Context.h>
 #include <caffe2/serialize/versions.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -208,6 +211,70 @@ void check_output_shape(torch::jit::Module& module, const std::string& path,
                     " values; logits must be floating-point");
 }
 
+// Note [Unused parameters]: a parameter that the logits do not depend on gets no gradient. The
+// reducer would still average its slot (zero) every step, without a word, and the optimizer move
+// it (weight decay) while it learns nothing: a module trained as it was not meant to be.
+// PyTorch's DistributedDataParallel refuses such a module by default too, at its second
+// iteration ("Expected to have finished reduction in the prior iteration", the parameters by
+// index), unless find_unused_parameters=True, which hpc_train does not offer. So the module is
+// refused here, before any training, with the parameters' names: one forward in training mode
+// (the mode the steps run in, so that a branch taken only in training counts), of the probe's
+// batch of zeros, and one backward, which tells which parameters the graph reaches
+// (torch::autograd::grad with allow_unused; no `.grad` is written). What that forward changes
+// is put back: the buffers (BatchNorm's running statistics and its count) and the CPU random
+// generator (dropout's draws), so that the run starts as it would without the check. A parameter
+// left out only on some inputs (data-dependent control flow) is not seen here.
+void check_every_parameter_is_used(torch::jit::Module& module, const std::string& path,
+                                   const ModelShape& shape) {
+  const std::vector<int64_t> input = {kProbeBatch, shape.channels, shape.height, shape.width};
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> parameters;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    names.push_back(item.name);
+    parameters.push_back(item.value);
+  }
+  std::vector<torch::Tensor> saved_buffers;
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    saved_buffers.push_back(item.value.detach().clone());
+  at::Generator generator = at::globalContext().defaultGenerator(torch::Device(torch::kCPU));
+  const torch::Tensor generator_state = generator.get_state();
+  std::vector<torch::Tensor> gradients;
+  std::string failure;
+  try {
+    torch::jit::GraphOptimizerEnabledGuard interpreted(false);  // Note [Scripted module executor]
+    module.train();
+    const torch::Tensor logits = module.forward({torch::zeros(input)}).toTensor();
+    if (logits.requires_grad())  // else no parameter reaches the logits
+      gradients = torch::autograd::grad({logits.sum()}, parameters, /*grad_outputs=*/{},
+                                        /*retain_graph=*/false, /*create_graph=*/false,
+                                        /*allow_unused=*/true);
+  } catch (const std::exception& e) {
+    failure = libtorch_message(e);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    size_t b = 0;
+    for (const auto& item : module.named_buffers(/*recurse=*/true))
+      if (b < saved_buffers.size()) item.value.set_data(saved_buffers[b++]);
+  }
+  generator.set_state(generator_state);
+  if (!failure.empty())
+    throw DataError(path + ": forward and backward fail in training mode on a batch of the "
+                    "dataset's images " + shape_text(input) + " (float32): " + failure);
+  std::string unused;
+  size_t count = 0;
+  for (size_t p = 0; p < parameters.size(); ++p)
+    if (gradients.empty() || !gradients[p].defined()) unused += (count++ ? ", " : "") + names[p];
+  if (count > 0)
+    throw DataError(path + ": no gradient reaches " + (count == 1 ? "parameter " : "parameters ") +
+                    unused + ": the logits of a forward in training mode do not depend on " +
+                    (count == 1 ? "it" : "them") + " (forward and backward of a batch of zeros " +
+                    shape_text(input) + "). hpc_train, like DistributedDataParallel without "
+                    "find_unused_parameters, trains every parameter by its gradient in every "
+                    "step: use each parameter in forward, delete those it does not use, or "
+                    "register a tensor that stays fixed as a buffer (register_buffer)");
+}
+
 }  // namespace
 
 std::unique_ptr<TrainableModel> load_scripted_model(const std::string& path,
@@ -227,6 +294,7 @@ std::unique_ptr<TrainableModel> load_scripted_model(const std::string& path,
   check_forward_signature(module, path);
   check_parameters(module, path);
   check_output_shape(module, path, shape);
+  check_every_parameter_is_used(module, path, shape);  // Note [Unused parameters]
   module.train();
   return std::make_unique<ScriptedModel>(std::move(module), "TorchScript content " + info.content_identity);
 }

@@ -27,9 +27,11 @@ namespace hpc_train {
 // (not a zip archive, a torch.save file, or one LibTorch cannot load), when it was saved in a
 // newer file format version than this LibTorch reads (both versions named), when it has no
 // forward method or its forward does not take one tensor and return one, when its parameters
-// are not all floating-point tensors that require gradients, or when its forward does not map
+// are not all floating-point tensors that require gradients, when its forward does not map
 // a batch of the dataset's images [2, C, H, W] to logits [2, num_classes] (one forward in eval
-// mode without gradients, which changes no buffer).
+// mode without gradients, which changes no buffer), or when a parameter gets no gradient from
+// the logits in training mode (one forward and backward, whose buffer updates and random draws
+// are undone; Note [Unused parameters] in scripted_model.cpp), naming every such parameter.
 std::unique_ptr<TrainableModel> load_scripted_model(const std::string& path,
                                                     const ModelShape& shape);
 

@@ -28,6 +28,7 @@ namespace {
 // success value is 0; nvmlDevice_t an opaque pointer.
 using NvmlReturn = int;
 constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr NvmlReturn kNvmlNotFound = 6;  // NVML_ERROR_NOT_FOUND
 using NvmlDevice = struct NvmlDeviceOpaque*;
 struct NvmlUtilization {  // nvmlUtilization_t
   unsigned int gpu;       // percent of the last sample period in which a kernel ran
@@ -118,7 +119,7 @@ class GpuMonitor::Impl {
   GpuSample take_interval() {
     if (!available()) return {};
     const uint64_t now_us = host_time_us();
-    const std::optional<double> buffered_pct =
+    const std::optional<IntervalUtilization> buffered =
         utilization_from_samples(interval_start_us_, now_us);
     interval_start_us_ = now_us;
     std::unique_lock<std::mutex> lock(mutex_);
@@ -130,10 +131,15 @@ class GpuMonitor::Impl {
     }
     GpuSample sample;
     sample.samples = sum_.rounds;
-    sample.utilization_pct = buffered_pct ? *buffered_pct
-                             : sum_.utilization_reads > 0
-                                 ? sum_.utilization_pct / sum_.utilization_reads
-                                 : std::numeric_limits<double>::quiet_NaN();
+    if (buffered) {
+      sample.utilization_pct = buffered->utilization_pct;
+      sample.utilization_samples = buffered->samples;
+    } else {  // the polled readings
+      sample.utilization_samples = sum_.utilization_reads;
+      sample.utilization_pct = sum_.utilization_reads > 0
+                                   ? sum_.utilization_pct / sum_.utilization_reads
+                                   : std::numeric_limits<double>::quiet_NaN();
+    }
     sample.memory_used_bytes = sum_.memory_used_max_bytes;
     sample.power_w = sum_.power_reads > 0 ? sum_.power_w / sum_.power_reads : 0.0;
     sum_ = Sums{};
@@ -245,33 +251,35 @@ class GpuMonitor::Impl {
   // network can be 40 ms): the sample that will cover it is not written yet, and every sample
   // there is describes time before the interval, so its utilisation is unknown (NaN), not the
   // newest sample's (which read 0% while steps were replaying back to back: the GPU idling
-  // before training started). nullopt where the buffer cannot be read: the polled mean stands.
-  std::optional<double> utilization_from_samples(uint64_t start_us, uint64_t end_us) {
+  // before training started). Which samples fall in an interval, and what one without any
+  // reports, is utilization_over_interval's to say (a pure function, tested on the CPU); here the
+  // buffer is read. NVML answers NVML_ERROR_NOT_FOUND where the buffer holds no sample after the
+  // one last seen (as between two intervals microseconds apart, or while an idle GPU's buffer
+  // runs dry): that is an empty reading, not a failed one, and the polled value put in its place
+  // would describe the driver's last period, before the interval. nullopt where the buffer
+  // cannot be read: the polled mean stands.
+  std::optional<IntervalUtilization> utilization_from_samples(uint64_t start_us, uint64_t end_us) {
     if (!samples_) return std::nullopt;
     int value_type = 0;
     unsigned int count = 0;
-    if (samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
-                 nullptr) != kNvmlSuccess) {
-      return std::nullopt;
-    }
-    double interval_sum_pct = 0.0;
-    int64_t interval_samples = 0;
-    std::vector<NvmlSample> buffer(count);
-    if (count > 0 && samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type,
-                              &count, buffer.data()) == kNvmlSuccess) {
-      buffer.resize(std::min<size_t>(count, buffer.size()));
-      for (const NvmlSample& s : buffer) {
-        const double pct = value_of(s.value, value_type);
-        if (std::isnan(pct)) continue;
-        if (s.time_stamp_us > start_us && s.time_stamp_us <= end_us) {
-          interval_sum_pct += pct;
-          ++interval_samples;
-        }
-        last_seen_us_ = std::max<unsigned long long>(last_seen_us_, s.time_stamp_us);
+    std::vector<UtilizationSample> read;
+    NvmlReturn rc =
+        samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count, nullptr);
+    if (rc == kNvmlSuccess && count > 0) {
+      std::vector<NvmlSample> buffer(count);
+      rc = samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count,
+                    buffer.data());
+      if (rc == kNvmlSuccess) {
+        buffer.resize(std::min<size_t>(count, buffer.size()));
+        for (const NvmlSample& s : buffer)
+          read.push_back({s.time_stamp_us, value_of(s.value, value_type)});
       }
     }
-    return interval_samples > 0 ? interval_sum_pct / static_cast<double>(interval_samples)
-                                : std::numeric_limits<double>::quiet_NaN();
+    if (rc != kNvmlSuccess && rc != kNvmlNotFound) return std::nullopt;
+    const IntervalUtilization interval =
+        utilization_over_interval(read, start_us, end_us, last_seen_us_);
+    last_seen_us_ = interval.seen_through_us;
+    return interval;
   }
 
   void run() {
@@ -302,13 +310,32 @@ class GpuMonitor::Impl {
   // The sample buffer's reading, by take_interval's caller alone (no lock): Note [Utilisation
   // over the interval]
   uint64_t interval_start_us_ = 0;
-  unsigned long long last_seen_us_ = 0;
+  uint64_t last_seen_us_ = 0;  // IntervalUtilization::seen_through_us
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
   Sums sum_;
   std::thread thread_;
 };
+
+IntervalUtilization utilization_over_interval(const std::vector<UtilizationSample>& samples,
+                                              uint64_t start_us, uint64_t end_us,
+                                              uint64_t seen_through_us) {
+  IntervalUtilization interval;
+  interval.seen_through_us = seen_through_us;
+  double sum_pct = 0.0;
+  for (const UtilizationSample& s : samples) {
+    if (s.time_stamp_us > end_us) continue;  // the next interval's
+    interval.seen_through_us = std::max(interval.seen_through_us, s.time_stamp_us);
+    if (s.time_stamp_us <= start_us || std::isnan(s.utilization_pct)) continue;
+    sum_pct += s.utilization_pct;
+    ++interval.samples;
+  }
+  interval.utilization_pct = interval.samples > 0
+                                 ? sum_pct / static_cast<double>(interval.samples)
+                                 : std::numeric_limits<double>::quiet_NaN();
+  return interval;
+}
 
 GpuMonitor::GpuMonitor(int cuda_device, double sample_interval_ms)
     : impl_(std::make_unique<Impl>(cuda_device, sample_interval_ms)) {}

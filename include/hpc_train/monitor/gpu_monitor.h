@@ -32,10 +32,38 @@ struct GpuSample {
   double utilization_pct = 0.0;   // NVML's "GPU busy" percentage over the interval; NaN when
                                   // no driver sample covers it yet (Note [Utilisation over
                                   // the interval] in gpu_monitor.cpp)
+  int64_t utilization_samples = 0;  // the readings utilization_pct is the mean of (driver
+                                    // samples, or polls where the driver's buffer cannot be
+                                    // read); 0 exactly when it is NaN
   int64_t memory_used_bytes = 0;  // max; the whole device, every process on it
   double power_w = 0.0;           // mean board power
   int64_t samples = 0;            // 0: nothing was measured (no NVML, no GPU, a CPU rank)
 };
+
+// One of the driver's utilisation samples (nvmlDeviceGetSamples): the GPU's busy percentage
+// over the driver's sample period that ends at `time_stamp_us` (the host's clock, microseconds).
+// NaN for a value NVML gave in a type the monitor does not know.
+struct UtilizationSample {
+  uint64_t time_stamp_us = 0;
+  double utilization_pct = 0.0;
+};
+
+// What the driver's samples say of the interval (start_us, end_us].
+struct IntervalUtilization {
+  double utilization_pct = 0.0;  // the mean of the samples that fall in it; NaN for none
+  int64_t samples = 0;           // how many fall in it (those with a NaN value left out)
+  // The newest timestamp at or before end_us among `samples`, or the `seen_through_us` given if
+  // that is later: the next reading asks the driver for the samples after it, so that a sample
+  // stamped after end_us is counted in the next interval rather than lost.
+  uint64_t seen_through_us = 0;
+};
+
+// Note [Utilisation over the interval] (gpu_monitor.cpp), as a pure function: which of
+// `samples` (any order) fall in (start_us, end_us], and the interval's utilisation from them.
+// `seen_through_us`: what the previous reading had seen.
+IntervalUtilization utilization_over_interval(const std::vector<UtilizationSample>& samples,
+                                              uint64_t start_us, uint64_t end_us,
+                                              uint64_t seen_through_us = 0);
 
 // Samples one GPU every `sample_interval_ms` in a thread of its own while it lives (RAII: the
 // destructor stops and joins the thread, then shuts NVML down). Movable, not copyable; a

@@ -41,6 +41,12 @@ TEST(RunLength, MicroStepsCarryOverEpochBoundaries) {
   EXPECT_EQ(run.updates_in_epoch(2, 0), 6);
   EXPECT_EQ(run.updates_in_epoch(3, 0), 7);
   for (int epoch = 0; epoch < 4; ++epoch) EXPECT_EQ(run.micro_steps_in_epoch(epoch), 13);
+  // The log's "6-7 steps per epoch".
+  EXPECT_EQ(run.fewest_updates_per_epoch(), 6);
+  EXPECT_EQ(run.most_updates_per_epoch(), 7);
+  const RunLength divides(0, 4, 12, 12, 2, 0, 0);
+  EXPECT_EQ(divides.fewest_updates_per_epoch(), 6);
+  EXPECT_EQ(divides.most_updates_per_epoch(), 6);
 }
 
 TEST(RunLength, TheLastUpdateTakesWhatIsLeft) {

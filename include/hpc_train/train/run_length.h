@@ -14,7 +14,7 @@ namespace hpc_train {
 // give or take one, and an update may start in one epoch and end in the next. So the run is
 // counted in micro-steps: the session's R micro-steps make ceil(R / G) updates, the last one a
 // final partial window of R mod G micro-steps when G does not divide R. That window is applied,
-// its gradient averaged over the micro-steps it has (Note [Gradient averaging] in trainer.cpp):
+// its gradient averaged over the micro-steps it has (Note [Gradient averaging] in training_step.cpp):
 // no micro-step is computed and then dropped, and the LR schedule plans exactly the updates the
 // run takes (earlier, floor(M / G) x epochs planned fewer, and the run's last updates trained at
 // lr 0). An update belongs to the epoch its last micro-step is in: that epoch's log counts it,
@@ -50,6 +50,13 @@ class RunLength {
   // those before the checkpoint from `micro_steps_done_in_first_epoch` (exact when the
   // checkpoint's layout is this run's). Not cut by --max-steps.
   int64_t updates_in_epoch(int epoch, int64_t micro_steps_done_in_first_epoch) const;
+
+  // What the log announces of a whole epoch: it holds fewest_updates_per_epoch() updates or one
+  // more, micro-steps carrying over its boundaries (equal when --grad-accum divides them).
+  int64_t fewest_updates_per_epoch() const { return micro_steps_per_epoch_ / grad_accum_; }
+  int64_t most_updates_per_epoch() const {
+    return (micro_steps_per_epoch_ + grad_accum_ - 1) / grad_accum_;
+  }
 
   // The updates before `epoch`'s first that end in it, for the resumed first epoch (the same
   // estimate); 0 for every other epoch.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BatchNorm statistics in checkpoints (Note [Resume position] and save_checkpoint in trainer.cpp):
+# BatchNorm statistics in checkpoints (Note [Resume position] in checkpoint.h, RunCheckpoints::save):
 # resnet18 on 3 CPU ranks, whose running means and variances differ per rank (each rank updates
 # them from its own batches), checkpoints mid-epoch with the collective (parallel HDF5) write.
 # The buffers are made rank 0's before every checkpoint, so the file reads back (every dataset's

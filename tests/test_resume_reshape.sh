@@ -2,7 +2,7 @@
 # Resume at another world size, micro-batch and accumulation (Note [Resume position] in
 # checkpoint.h): 4 ranks x 16 x accum 1 stop after step 4 of a 10-step epoch; 2 ranks x 16 x
 # accum 2 (the same global batch, 64) continue from that checkpoint. The sample trace
-# (HPC_TRAIN_TEST_SAMPLE_TRACE, trainer.cpp) shows:
+# (HPC_TRAIN_TEST_SAMPLE_TRACE, epoch_batches.h) shows:
 #   - the multiset of sample indices over the epoch equals the uninterrupted run's;
 #   - every optimizer step after the resume is a whole one: the same 64 samples as the
 #     uninterrupted run's step of that number;

@@ -98,7 +98,7 @@ class ZeroOptimizer {
 
   // --- The step policy (see the top of this file).
   // The gradient to start `loss`'s backward from: the current loss scale x `averaging` (Note
-  // [Gradient averaging] in trainer.cpp), as if backward ran on loss x scale x averaging, a 0-dim
+  // [Gradient averaging] in training_step.cpp), as if backward ran on loss x scale x averaging, a 0-dim
   // tensor like `loss`. Starting from it spares that product, the ones autograd would start from
   // and the product's backward: three launches of every step. On a GPU with fp16 it is the
   // device scaler's scale, read when the step runs (no host sync, capturable); otherwise a

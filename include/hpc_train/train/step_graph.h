@@ -10,7 +10,7 @@
 // Built only in the GPU build; elsewhere cuda_graphs_available() is false.
 //
 // The whole training runs on the stream of a TrainingStreamScope, made before the gradient
-// accumulators are (Note [Training stream] in trainer.cpp); otherwise autograd ties the default
+// accumulators are (Note [Training stream] in trainer_impl.h); otherwise autograd ties the default
 // stream into the backward and the capture fails.
 #pragma once
 

@@ -1,10 +1,5 @@
-// The trainer: the epoch/step loop of data-parallel training, evaluation, logging cadence.
-//
-// One step (DESIGN.md, "the corridor"): the loader thread has the rank's next micro-batch in
-// host memory -> normalise -> forward -> cross entropy -> backward, its gradients collected into
-// the flat gradient buffer bucket by bucket -> all-reduce and average the gradients (Note
-// [Gradient averaging]) -> Adam/AdamW on the flat parameters. Every rank starts from rank 0's
-// parameters, so all ranks stay identical.
+// The trainer: the epoch loop of data-parallel training around the training step
+// (training_step.h), evaluation after every epoch, the log's and the checkpoints' cadence.
 #pragma once
 
 #include <ATen/core/Tensor.h>

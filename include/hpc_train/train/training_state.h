@@ -53,7 +53,7 @@ Checkpoint model_checkpoint(const DatasetInfo& input, const TrainableModel& mode
 // Every rank draws the same sequence, as DDP with torch.manual_seed(seed) on every rank does:
 // every rank seeds with the same --seed (torch::manual_seed in the trainer) and draws as many
 // numbers in every step (every rank's micro-batch has the same size, Note [Gradient averaging]
-// in trainer.cpp), so the ranks' masks have the same pattern and differ in what they mask only
+// in training_step.cpp), so the ranks' masks have the same pattern and differ in what they mask only
 // through their samples. Rank 0's state is therefore every rank's: a checkpoint holds it once,
 // every rank passes the same contents to write_checkpoint, and restoring it on every rank is
 // exact, at the saving run's world size and at another one.

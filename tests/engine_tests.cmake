@@ -87,6 +87,9 @@ hpc_train_add_test(NAME test_run_length SOURCES test_run_length.cpp RANKS 1
 hpc_train_add_script_test(NAME test_run_length_run SCRIPT test_run_length.sh TIMEOUT 300)
 # Note [Ending the job]: one rank failing while the trainer starts ends the job at once.
 hpc_train_add_script_test(NAME test_startup_faults SCRIPT test_startup_faults.sh TIMEOUT 300)
+# Note [Test hooks]: the test-only environment switches, as their tests set them.
+hpc_train_add_test(NAME test_test_hooks SOURCES test_test_hooks.cpp RANKS 1
+                   LIBS hpc_train_core TIMEOUT 60)
 # Note [Stop agreement]: the stop signal and the checkpoint clock agreed a step late, never waited for.
 hpc_train_add_test(NAME test_step_agreement SOURCES test_step_agreement.cpp RANKS 1 3
                    LIBS hpc_train_engine TIMEOUT 60)

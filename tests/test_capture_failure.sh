@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Note [Failed capture] on the GPU (one rank): vgg11_bn (dropout draws from the CUDA generator) on
 # the first 320 Fashion-MNIST images zero-padded to 32x32, one epoch of 10 steps, --deterministic.
-# HPC_TRAIN_TEST_FAULT=capture@0 (Note [Test faults]) makes the capture of step 4 throw half-way
+# HPC_TRAIN_TEST_FAULT=capture@0 (Note [Test hooks]) makes the capture of step 4 throw half-way
 # through its backward, with buckets started and gradients left in `.grad`:
 #   - --cuda-graph auto falls back to eager steps, says why, replays nothing, and ends bitwise
 #     equal to a run with --cuda-graph off: the failed capture left nothing behind (reducer,

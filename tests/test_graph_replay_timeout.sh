@@ -3,7 +3,7 @@
 # one rank on the GPU, --cuda-graph on, --comm-timeout 3, with --backend nccl (an NCCL world of
 # one) and --backend none:
 #   healthy: replays that finish never end the job (exit 0, replays counted in summary.json);
-#   stalled: the test-only fault switch HPC_TRAIN_TEST_STALL_REPLAY_RANK=0 (step_graph_cuda.cpp)
+#   stalled: the test-only fault switch HPC_TRAIN_TEST_STALL_REPLAY_RANK=0 (Note [Test hooks])
 #     holds rank 0's first replay up on the GPU for 30 s. The job must end within a few seconds
 #     of the timeout, long before the stall would end, with a non-zero exit and one line that
 #     names rank 0, the graph replay and the step the fault switch announced.

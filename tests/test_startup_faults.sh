@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Note [Ending the job]: one rank that fails while the trainer starts (Note [Test faults]: rank 1
+# Note [Ending the job]: one rank that fails while the trainer starts (Note [Test hooks]: rank 1
 # alone, while ranks 0 and 2 go on into the broadcast of the weights, or past it) prints
 # `[rank 1@host] error: ...` at once and the job ends within seconds (start-up included; 45 s
 # bounds it on a loaded machine), with no watchdog to end it (--comm-timeout 0; before, the

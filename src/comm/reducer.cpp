@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hpc_train/error.h"
-#include "hpc_train/runtime/test_fault.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/monitor/metrics.h"
 
 namespace hpc_train {

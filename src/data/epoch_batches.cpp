@@ -1,7 +1,6 @@
 #include "hpc_train/data/epoch_batches.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "hpc_train/data/epoch_plan.h"
@@ -62,25 +61,6 @@ void EpochBatches::take_into(at::Tensor& input, at::Tensor& labels) {
 
 std::vector<int64_t> EpochBatches::taken_indices() const {
   return std::vector<int64_t>(indices_.begin() + taken_.first, indices_.begin() + taken_.second);
-}
-
-SampleTrace::SampleTrace(int rank) {
-  const char* prefix = std::getenv("HPC_TRAIN_TEST_SAMPLE_TRACE");
-  if (prefix == nullptr || *prefix == '\0') return;
-  const std::string path = std::string(prefix) + "." + std::to_string(rank);
-  file_ = std::fopen(path.c_str(), "a");
-  if (file_ == nullptr) throw Error("HPC_TRAIN_TEST_SAMPLE_TRACE: cannot open " + path);
-}
-
-SampleTrace::~SampleTrace() {
-  if (file_ != nullptr) std::fclose(file_);
-}
-
-void SampleTrace::write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices) {
-  std::fprintf(file_, "%lld %lld", static_cast<long long>(epoch), static_cast<long long>(step));
-  for (int64_t index : indices) std::fprintf(file_, " %lld", static_cast<long long>(index));
-  std::fprintf(file_, "\n");
-  std::fflush(file_);
 }
 
 }  // namespace hpc_train

@@ -10,9 +10,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -20,6 +17,7 @@
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/runtime/cuda_check.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/train/gpu_stall.h"
 
 namespace hpc_train {
@@ -101,36 +99,6 @@ class ReplayOperation : public WatchedOperation {
   cudaEvent_t done_ = nullptr;
 };
 
-// A test-only fault switch, read here and nowhere else (tests/test_graph_replay_timeout.sh):
-// HPC_TRAIN_TEST_STALL_REPLAY_RANK=R makes rank R hold its training stream up for
-// kTestStallReplayS before its first replay, with a kernel that spins that long and then ends
-// (the GPU is never held for good), as if a peer never joined a collective of the step. The
-// replay cannot finish within a --comm-timeout shorter than that. -1: unset (every real run).
-constexpr double kTestStallReplayS = 30.0;
-
-int test_stall_replay_rank() {
-  const char* value = std::getenv("HPC_TRAIN_TEST_STALL_REPLAY_RANK");
-  if (value == nullptr || *value == '\0') return -1;
-  char* end = nullptr;
-  const long rank = std::strtol(value, &end, 10);
-  if (*end != '\0' || rank < 0)
-    throw Error(std::string("HPC_TRAIN_TEST_STALL_REPLAY_RANK=") + value +
-                ": not a rank number (a fault switch for tests; unset it)");
-  return static_cast<int>(rank);
-}
-
-// The line tests/test_graph_replay_timeout.sh measures from (as test_comm.cpp's stalls).
-void announce_test_stall(int rank, const std::string& label) {
-  const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
-  std::fprintf(stderr,
-               "[rank %d] test fault HPC_TRAIN_TEST_STALL_REPLAY_RANK: graph replay of %s held up "
-               "on the GPU for %g s; stall begins at %lld ms\n",
-               rank, label.c_str(), kTestStallReplayS,
-               static_cast<long long>(
-                   std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count()));
-  std::fflush(stderr);
-}
-
 // Note [Failed capture]: the default generators of the CPU and of a GPU as they were when this
 // was made, put back by restore().
 class GeneratorsBefore {
@@ -187,6 +155,7 @@ void end_failed_capture(at::cuda::CUDAGraph& graph, const c10::cuda::CUDAStream&
 
 struct StepGraph::Impl {
   std::optional<at::cuda::CUDAGraph> graph;
+  // HPC_TRAIN_TEST_STALL_REPLAY_RANK (Note [Test hooks]); -1 in every real run.
   int test_stall_rank = test_stall_replay_rank();
   bool test_stalled = false;
 };
@@ -242,7 +211,7 @@ void StepGraph::replay(Communicator& comm, const std::string& label) {
   const bool test_stall = !impl_->test_stalled && comm.rank() == impl_->test_stall_rank;
   comm.launch_captured([&] {
     if (test_stall) {
-      announce_test_stall(comm.rank(), label);
+      announce_test_stall_replay(comm.rank(), label);
       launch_gpu_stall(kTestStallReplayS, stream.stream());
       impl_->test_stalled = true;
     }

@@ -27,6 +27,7 @@
 #include "hpc_train/train/step_graph.h"
 #include "hpc_train/train/trainer.h"
 #include "hpc_train/train/training_state.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/train/training_step.h"
 
 namespace hpc_train {
@@ -67,7 +68,7 @@ struct Trainer::Impl {
   std::optional<GraphedStep> graphed_step;  // --cuda-graph
   bool buckets_rebuilt = false;
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
-  SampleTrace sample_trace; // test-only (SampleTrace)
+  SampleTrace sample_trace; // test-only (Note [Test hooks])
   std::string resumed_from; // the checkpoint file, empty for a fresh start
 
   // trainer_setup.cpp

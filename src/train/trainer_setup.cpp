@@ -12,7 +12,7 @@
 #include "hpc_train/model/pool_bias_relu.h"
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/startup_phases.h"
-#include "hpc_train/runtime/test_fault.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/train/run_options.h"
 #include "trainer_impl.h"
 
@@ -61,7 +61,7 @@ Trainer::Impl::Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_com
     const bool test_split_resident = keep_test_split_resident(config, info, gpu);
     resident_upload = std::async(std::launch::async, [this, test_split_resident] {
       const c10::DeviceGuard on_device(device);  // the thread's own current device
-      if (test_fault("resident-upload", comm.rank()))  // Note [Test faults]
+      if (test_fault("resident-upload", comm.rank()))  // Note [Test hooks]
         throw Error("test fault: the upload of the resident train split failed");
       train_input->keep_split_resident(dataset, Split::kTrain);
       if (test_split_resident) evaluator->keep_split_resident();
@@ -83,7 +83,7 @@ Trainer::Impl::Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_com
   // --init-weights on every rank, before the broadcast, which then only confirms what every
   // rank read.
   if (!config.init_weights.empty()) {
-    const std::string init_weights = test_fault("init-weights", comm.rank())  // Note [Test faults]
+    const std::string init_weights = test_fault("init-weights", comm.rank())  // Note [Test hooks]
                                          ? config.init_weights + ".missing-on-this-rank"
                                          : config.init_weights;
     const WeightsMatch match = load_initial_weights(
@@ -121,7 +121,7 @@ Trainer::Impl::Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_com
   // Note [Channels-last weights]
   flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),
                         /*channels_last_weights=*/channels_last);
-  if (test_fault("alloc", comm.rank()))  // Note [Test faults]: more bytes than any node has
+  if (test_fault("alloc", comm.rank()))  // Note [Test hooks]: more bytes than any node has
     torch::empty({int64_t{1} << 58}, torch::TensorOptions().dtype(torch::kFloat).device(device));
   // Every rank starts from rank 0's parameters and buffers.
   comm.broadcast(flat.values(), 0).wait();

@@ -134,7 +134,7 @@ class Reducer {
   double comm_span_ms_ = 0.0;
   Stopwatch backward_clock_;  // started by begin_backward
   double first_start_ms_ = -1.0;
-  // Test-only (HPC_TRAIN_TEST_FAULT=capture@RANK, Note [Test faults]): a backward captured into
+  // Test-only (HPC_TRAIN_TEST_FAULT=capture@RANK, Note [Test hooks]): a backward captured into
   // a CUDA graph (Communicator::capturing) throws once its first bucket has started, with the
   // backward half done and, where there are peers, that bucket's collective in flight: what a
   // capture that fails inside the step leaves behind (Note [Failed capture] in step_graph.h).

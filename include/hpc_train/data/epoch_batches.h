@@ -1,12 +1,10 @@
 // Input for one epoch of training: the rank's micro-batches on the device, in the order of its
 // epoch plan (epoch_plan.h), each one's copy started while the step before it runs
 // (device_input.h); from the loader thread, gathered from the split kept resident on the
-// device, or exchanged from the ranks' read-once store (sample_store.h). And a test-only trace
-// of what each rank trained on.
+// device, or exchanged from the ranks' read-once store (sample_store.h).
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -58,24 +56,6 @@ class EpochBatches {
   std::deque<std::pair<int64_t, int64_t>> prepared_;  // [begin, end) in indices_, staged in order
   std::pair<int64_t, int64_t> taken_{0, 0};
   int64_t batches_prepared_ = 0;
-};
-
-// Test-only: with HPC_TRAIN_TEST_SAMPLE_TRACE=PREFIX in the environment, every rank appends one
-// line per micro-batch to PREFIX.<rank>: the epoch, the optimizer step the micro-batch counts
-// towards, then its dataset indices. The resume tests compare what runs saw
-// (Note [Resume position] in checkpoint.h); nothing else reads it.
-class SampleTrace {
- public:
-  explicit SampleTrace(int rank);  // throws Error when the file cannot be opened
-  ~SampleTrace();
-  SampleTrace(const SampleTrace&) = delete;
-  SampleTrace& operator=(const SampleTrace&) = delete;
-
-  bool on() const { return file_ != nullptr; }
-  void write(int64_t epoch, int64_t step, const std::vector<int64_t>& indices);
-
- private:
-  std::FILE* file_ = nullptr;
 };
 
 }  // namespace hpc_train

@@ -1,6 +1,7 @@
-// A fault for tests: a kernel that holds a stream up for a while (src/train/gpu_stall.cu), as a
-// collective whose peer never arrives would. Torch-free; needs the CUDA runtime's headers, so
-// only GPU-build code includes it (HPC_TRAIN_WITH_CUDA).
+// A fault for tests (HPC_TRAIN_TEST_STALL_REPLAY_RANK, Note [Test hooks] in test_hooks.h): a
+// kernel that holds a stream up for a while (src/train/gpu_stall.cu), as a collective whose peer
+// never arrives would. Torch-free; needs the CUDA runtime's headers, so only GPU-build code
+// includes it (HPC_TRAIN_WITH_CUDA).
 #pragma once
 
 #include <cuda_runtime_api.h>

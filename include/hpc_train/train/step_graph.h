@@ -60,7 +60,7 @@ class TrainingStreamScope {
 //    eager dropout after such a capture ended the run with "Offset increment outside graph
 //    capture encountered unexpectedly"), so that the eager step's dropout draws what an eager
 //    run's draws (Note [Random state in checkpoints] in training_state.h).
-// The test-only HPC_TRAIN_TEST_FAULT=capture@RANK (Note [Test faults]) fails a capture half-way
+// The test-only HPC_TRAIN_TEST_FAULT=capture@RANK (Note [Test hooks]) fails a capture half-way
 // through the backward; tests/test_capture_failure.sh checks that the run then ends bitwise equal
 // to an eager one.
 

@@ -18,6 +18,7 @@
 #include "hpc_train/data/device_input.h"
 #include "hpc_train/data/input_items.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/train/step_graph.h"
 #include "host_convert.h"
 #include "synthetic_dataset.h"
@@ -315,15 +316,15 @@ TEST(DeviceInput, FillWritesTheStaticBuffers) {
 
   for (int64_t b = 0; b < 3; ++b) {
     const HostBatch batch = random_batch(info, kBatch, b, 200 + b);
-    input.fill(batch, 1, static_input, static_labels);
+    TestHooks::fill(input, batch, 1, static_input, static_labels);
     expect_same_batch({static_input, static_labels}, reference.to_device(batch, 1), 0.0);
   }
   EXPECT_EQ(static_input.data_ptr(), input_storage);  // written in place, never reallocated
 
-  // A short batch: fill() refuses it and leaves nothing prepared; take_into() refuses it and
-  // leaves it prepared, for take().
+  // A short batch: TestHooks::fill refuses it and leaves nothing prepared; take_into() refuses
+  // it and leaves it prepared, for take().
   const HostBatch short_batch = random_batch(info, 5, 3, 300);
-  EXPECT_THROW(input.fill(short_batch, 1, static_input, static_labels), Error);
+  EXPECT_THROW(TestHooks::fill(input, short_batch, 1, static_input, static_labels), Error);
   EXPECT_THROW(input.take(), Error);
   input.prepare(short_batch, 1);
   EXPECT_THROW(input.take_into(static_input, static_labels), Error);
@@ -333,8 +334,8 @@ TEST(DeviceInput, FillWritesTheStaticBuffers) {
   at::Tensor wrong_input = at::zeros({kBatch - 1, 3, 12, 10}, on_device.dtype(at::kFloat));
   at::Tensor wrong_labels = at::zeros({kBatch}, on_device.dtype(at::kInt));
   const HostBatch batch = random_batch(info, kBatch, 4, 400);
-  EXPECT_THROW(input.fill(batch, 1, wrong_input, static_labels), Error);
-  EXPECT_THROW(input.fill(batch, 1, static_input, wrong_labels), Error);
+  EXPECT_THROW(TestHooks::fill(input, batch, 1, wrong_input, static_labels), Error);
+  EXPECT_THROW(TestHooks::fill(input, batch, 1, static_input, wrong_labels), Error);
   EXPECT_THROW(input.take(), Error);  // nothing was prepared by those refusals
 }
 
@@ -400,7 +401,7 @@ TEST(DeviceInput, GpuFillsChannelsLastBuffers) {
   at::Tensor static_labels = at::empty({kBatch}, on_gpu.dtype(at::kLong));
   for (int64_t b = 0; b < 3; ++b) {
     const HostBatch batch = random_batch(info, kBatch, b, 700 + b);
-    gpu.fill(batch, 9, static_input, static_labels);
+    TestHooks::fill(gpu, batch, 9, static_input, static_labels);
     ASSERT_TRUE(static_input.is_contiguous(at::MemoryFormat::ChannelsLast));
     const DeviceBatch expected = cpu.to_device(batch, 9);
     expect_same_batch({static_input, static_labels},

@@ -43,6 +43,7 @@
 #include "hpc_train/optim/optimizer.h"
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/optim/zero_optimizer.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "test_seed.h"
 
 namespace {
@@ -631,13 +632,13 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
         const int kSteps = 5;
         for (int step = 0; step < kSteps; ++step) {
           SCOPED_TRACE("step " + std::to_string(step));
-          const StepReport before = model.optimizer->read_device_report();
+          const StepReport before = TestHooks::read_device_report(*model.optimizer);
           const FullOptimizerState state = model.optimizer->gather_full_state();
           const at::Tensor grads =
               (at::randn({numel}, on_gpu(at::kFloat)) * 1e-2 * before.loss_scale).to(type);
           model.set_gradients(grads);
-          model.optimizer->step_on_device();
-          const StepReport after = model.optimizer->read_device_report();
+          TestHooks::step_on_device(*model.optimizer);
+          const StepReport after = TestHooks::read_device_report(*model.optimizer);
           const FullOptimizerState next = model.optimizer->gather_full_state();
 
           const std::vector<double> g = host_doubles(grads);
@@ -655,7 +656,8 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
             LossScaler host(*options.loss_scaling);
             for (int64_t k = 0; k <= before.global_step; ++k) host.update(false);
             EXPECT_EQ(after.loss_scale, host.scale()) << describe_report(after);
-            EXPECT_EQ(model.optimizer->loss_scale_tensor().item<float>(), static_cast<float>(host.scale()));
+            EXPECT_EQ(TestHooks::loss_scale_tensor(*model.optimizer).item<float>(),
+                      static_cast<float>(host.scale()));
           }
           const std::vector<double> w0 = host_doubles(state.master), m0 = host_doubles(state.exp_avg),
                                     v0 = host_doubles(state.exp_avg_sq);
@@ -700,9 +702,9 @@ TEST_F(ZeroOnDevice, ClippingMatchesTheFloat64Reference) {
       const FullOptimizerState state = model.optimizer->gather_full_state();
       const at::Tensor grads = (at::randn({numel}, on_gpu(at::kFloat)) * 1e-2).to(type);
       model.set_gradients(grads);
-      model.optimizer->step_on_device();
+      TestHooks::step_on_device(*model.optimizer);
       const FullOptimizerState next = model.optimizer->gather_full_state();
-      const StepReport after = model.optimizer->read_device_report();
+      const StepReport after = TestHooks::read_device_report(*model.optimizer);
       const std::vector<double> g = host_doubles(grads);
       double squares = 0.0;
       for (double x : g) squares += x * x;
@@ -744,9 +746,9 @@ TEST_F(ZeroOnDevice, HostDrivenStepEqualsTheDeviceStep) {
         (at::randn({host_driven.flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(at::kBFloat16);
     host_driven.set_gradients(grads);
     device_driven.set_gradients(grads);
-    const StepOutcome outcome = host_driven.optimizer->step(3e-3, 1.0);
-    device_driven.optimizer->step_on_device();
-    const StepReport report = device_driven.optimizer->read_device_report();
+    const StepOutcome outcome = TestHooks::step(*host_driven.optimizer, 3e-3, 1.0);
+    TestHooks::step_on_device(*device_driven.optimizer);
+    const StepReport report = TestHooks::read_device_report(*device_driven.optimizer);
     EXPECT_FALSE(outcome.overflow);
     EXPECT_EQ(outcome.grad_norm, report.last_grad_norm);
     EXPECT_TRUE(torch::equal(host_driven.flat->values(), device_driven.flat->values())) << "step " << step;
@@ -778,12 +780,12 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
           (at::randn({stages[0]->flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(type);
       for (const std::unique_ptr<DeviceModel>& model : stages) {
         model->set_gradients(grads);
-        model->optimizer->step_on_device();
+        TestHooks::step_on_device(*model->optimizer);
       }
-      const StepReport stage0 = stages[0]->optimizer->read_device_report();
+      const StepReport stage0 = TestHooks::read_device_report(*stages[0]->optimizer);
       for (int stage = 1; stage <= 2; ++stage) {
         SCOPED_TRACE("stage " + std::to_string(stage) + ", step " + std::to_string(step));
-        EXPECT_EQ(stages[stage]->optimizer->read_device_report().last_grad_norm,
+        EXPECT_EQ(TestHooks::read_device_report(*stages[stage]->optimizer).last_grad_norm,
                   stage0.last_grad_norm);
         EXPECT_TRUE(torch::equal(stages[stage]->flat->values(), stages[0]->flat->values()));
         EXPECT_TRUE(same_state(stages[stage]->optimizer->gather_full_state(),
@@ -816,12 +818,12 @@ void run_overflow_pattern(int stage, const LossScalerOptions& scaling, double ov
     }
     pattern += overflow ? 'X' : '.';
     overflows += overflow;
-    const StepReport before = model.optimizer->read_device_report();
+    const StepReport before = TestHooks::read_device_report(*model.optimizer);
     const FullOptimizerState state = model.optimizer->gather_full_state();
     const at::Tensor values = model.flat->values().clone();
     model.set_gradients(grads);
-    model.optimizer->step_on_device();
-    const StepReport after = model.optimizer->read_device_report();
+    TestHooks::step_on_device(*model.optimizer);
+    const StepReport after = TestHooks::read_device_report(*model.optimizer);
     bool host_failed = false;
     try {
       host.update(overflow);
@@ -841,7 +843,8 @@ void run_overflow_pattern(int stage, const LossScalerOptions& scaling, double ov
     EXPECT_EQ(after.scaler.steps, want.steps) << context;
     EXPECT_EQ(after.scaler.last_overflow_step, want.last_overflow_step) << context;
     EXPECT_EQ(after.scaler.skipped_steps, want.skipped_steps) << context;
-    EXPECT_EQ(model.optimizer->loss_scale_tensor().item<float>(), static_cast<float>(want.scale))
+    EXPECT_EQ(TestHooks::loss_scale_tensor(*model.optimizer).item<float>(),
+              static_cast<float>(want.scale))
         << context;
     if (overflow) {
       EXPECT_TRUE(torch::equal(model.flat->values(), values)) << "parameters changed; " << context;
@@ -888,11 +891,12 @@ TEST_F(ZeroOnDevice, OverflowAtTheMinimumScaleSetsTheErrorFlag) {
   DeviceModel model(random_parameters(gen, at::kHalf), options, comm_);
   const at::Tensor poisoned = at::full({model.flat->numel()}, INFINITY, on_gpu(at::kHalf));
   for (int step = 0; step < 3; ++step) {
-    EXPECT_FALSE(model.optimizer->read_device_report().scaler_failed) << "before step " << step;
+    EXPECT_FALSE(TestHooks::read_device_report(*model.optimizer).scaler_failed)
+        << "before step " << step;
     model.set_gradients(poisoned);
-    model.optimizer->step_on_device();
+    TestHooks::step_on_device(*model.optimizer);
   }
-  const StepReport report = model.optimizer->read_device_report();
+  const StepReport report = TestHooks::read_device_report(*model.optimizer);
   EXPECT_TRUE(report.scaler_failed) << describe_report(report);
   EXPECT_EQ(report.loss_scale, 2.0);
   EXPECT_EQ(report.scaler.skipped_steps, 2) << "the failing update leaves the scaler as it was";
@@ -921,14 +925,15 @@ TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {
   DeviceModel first(initial, options, comm_);
   for (int step = 0; step < 4; ++step) {
     first.set_gradients((at::randn({first.flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(at::kHalf));
-    first.optimizer->step_on_device();
+    TestHooks::step_on_device(*first.optimizer);
   }
-  const StepReport saved = first.optimizer->read_device_report();
+  const StepReport saved = TestHooks::read_device_report(*first.optimizer);
   const FullOptimizerState state = first.optimizer->gather_full_state();
   DeviceModel second(initial, options, comm_);
   second.optimizer->load_full_state(state);
-  second.optimizer->load_device_state(saved.global_step, saved.adam_steps, saved.scaler);
-  const StepReport resumed = second.optimizer->read_device_report();
+  TestHooks::load_device_state(*second.optimizer, saved.global_step, saved.adam_steps,
+                               saved.scaler);
+  const StepReport resumed = TestHooks::read_device_report(*second.optimizer);
   EXPECT_EQ(resumed.global_step, saved.global_step);
   EXPECT_EQ(resumed.adam_steps, saved.adam_steps);
   EXPECT_EQ(resumed.scaler.scale, saved.scaler.scale);
@@ -936,15 +941,16 @@ TEST_F(ZeroOnDevice, ResumeContinuesTheCountersAndTheScaler) {
   EXPECT_EQ(resumed.scaler.steps, saved.scaler.steps);
   EXPECT_EQ(resumed.scaler.last_overflow_step, saved.scaler.last_overflow_step);
   EXPECT_EQ(resumed.scaler.skipped_steps, saved.scaler.skipped_steps);
-  EXPECT_EQ(second.optimizer->loss_scale_tensor().item<float>(), static_cast<float>(saved.loss_scale));
+  EXPECT_EQ(TestHooks::loss_scale_tensor(*second.optimizer).item<float>(),
+            static_cast<float>(saved.loss_scale));
   const at::Tensor grads = (at::randn({first.flat->numel()}, on_gpu(at::kFloat)) * 1e-2).to(at::kHalf);
   first.set_gradients(grads);
   second.set_gradients(grads);
-  first.optimizer->step_on_device();
-  second.optimizer->step_on_device();
+  TestHooks::step_on_device(*first.optimizer);
+  TestHooks::step_on_device(*second.optimizer);
   EXPECT_TRUE(torch::equal(first.flat->values(), second.flat->values()));
-  EXPECT_EQ(describe_report(first.optimizer->read_device_report()),
-            describe_report(second.optimizer->read_device_report()));
+  EXPECT_EQ(describe_report(TestHooks::read_device_report(*first.optimizer)),
+            describe_report(TestHooks::read_device_report(*second.optimizer)));
 }
 
 // Note [Schedule step]: an overflowed fp16 step does not advance the schedule (DeepSpeed steps its
@@ -967,15 +973,15 @@ TEST_F(ZeroOnDevice, SkippedStepsDoNotAdvanceTheSchedule) {
     at::Tensor g = (at::randn({numel}, on_gpu(at::kFloat)) * 1e-2).to(at::kHalf);
     if (overflow) g[uniform_int(gen, 0, numel - 1)] = INFINITY;
     model.set_gradients(g);
-    model.optimizer->step_on_device();
-    const StepReport report = model.optimizer->read_device_report();
+    TestHooks::step_on_device(*model.optimizer);
+    const StepReport report = TestHooks::read_device_report(*model.optimizer);
     ASSERT_EQ(report.last_overflow, overflow) << describe_report(report);
     if (overflow) continue;
     EXPECT_DOUBLE_EQ(report.last_lr, lr_at(*options.lr_schedule, applied))
         << "global step " << report.global_step << ", " << applied << " applied before it";
     ++applied;
   }
-  EXPECT_EQ(model.optimizer->read_device_report().adam_steps, 3);
+  EXPECT_EQ(TestHooks::read_device_report(*model.optimizer).adam_steps, 3);
 }
 
 TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
@@ -1010,9 +1016,9 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
   std::vector<at::Tensor> eager_values;
   for (int step = 0; step < kSteps; ++step) {
     eager.set_gradients(grads[step]);
-    eager.optimizer->step_on_device();
+    TestHooks::step_on_device(*eager.optimizer);
     eager_states.push_back(eager.optimizer->gather_full_state());
-    eager_reports.push_back(eager.optimizer->read_device_report());
+    eager_reports.push_back(TestHooks::read_device_report(*eager.optimizer));
     eager_values.push_back(eager.flat->values().clone());
   }
 
@@ -1022,21 +1028,22 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
     const c10::cuda::CUDAStream capture_stream = c10::cuda::getStreamFromPool();
     const c10::cuda::CUDAStreamGuard guard(capture_stream);
     graph.capture_begin();
-    replayed.optimizer->step_on_device();
+    TestHooks::step_on_device(*replayed.optimizer);
     graph.capture_end();
   }
-  EXPECT_EQ(replayed.optimizer->read_device_report().global_step, 0) << "capturing runs nothing";
+  EXPECT_EQ(TestHooks::read_device_report(*replayed.optimizer).global_step, 0)
+      << "capturing runs nothing";
   for (int step = 0; step < kSteps; ++step) {
     replayed.flat->grads().copy_(replayed.flat->from_logical(grads[step]));
     graph.replay();
-    const StepReport report = replayed.optimizer->read_device_report();
+    const StepReport report = TestHooks::read_device_report(*replayed.optimizer);
     EXPECT_EQ(describe_report(report), describe_report(eager_reports[step])) << "step " << step;
     EXPECT_TRUE(torch::equal(replayed.flat->values(), eager_values[step])) << "step " << step;
     EXPECT_TRUE(same_state(replayed.optimizer->gather_full_state(), eager_states[step]))
         << "step " << step;
   }
   std::printf("  graph: %d replays, final %s\n", kSteps,
-              describe_report(replayed.optimizer->read_device_report()).c_str());
+              describe_report(TestHooks::read_device_report(*replayed.optimizer)).c_str());
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "hpc_train/model/flat_parameters.h"
 #include "hpc_train/optim/zero_optimizer.h"
 #include "hpc_train/runtime/runtime.h"
+#include "hpc_train/runtime/test_hooks.h"
 #include "hpc_train/train/run_options.h"
 #include "hpc_train/train/trainer.h"
 #include "synthetic_dataset.h"
@@ -146,7 +147,7 @@ Window run_window(Communicator& comm, at::ScalarType dtype, GradientPrecision pr
   }
   window.grad_dtype = full.scalar_type();
   window.gradients = flat.to_logical(full).to(torch::kDouble).cpu();
-  if (step) window.outcome = optimizer.step(1e-3, loss_scale);
+  if (step) window.outcome = TestHooks::step(optimizer, 1e-3, loss_scale);
   return window;
 }
 

@@ -13,6 +13,7 @@
 #include "data/device_input_staging.h"
 #include "hpc_train/data/input_items.h"
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/test_hooks.h"
 
 namespace hpc_train {
 
@@ -419,16 +420,17 @@ DeviceBatch DeviceInput::to_device(const HostBatch& batch, int64_t epoch) {
   return take();
 }
 
-void DeviceInput::fill(const HostBatch& batch, int64_t epoch, at::Tensor& static_input,
-                       at::Tensor& static_labels) {
-  if (batch.size != impl_->max_batch_size)
-    throw Error("DeviceInput::fill: batch " + std::to_string(batch.index_in_epoch) +
-                " of epoch " + std::to_string(epoch) + " has " + std::to_string(batch.size) +
-                " samples, the static buffers " + std::to_string(impl_->max_batch_size) +
-                "; use to_device() for it and run that step without the graph");
-  impl_->check_static_buffers(static_input, static_labels);
-  prepare(batch, epoch);
-  take_into(static_input, static_labels);
+// Note [Test hooks]: test_device_input's fill.
+void TestHooks::fill(DeviceInput& input, const HostBatch& batch, int64_t epoch,
+                     at::Tensor& static_input, at::Tensor& static_labels) {
+  DeviceInput::Impl& impl = *input.impl_;
+  if (batch.size != impl.max_batch_size)
+    throw Error("TestHooks::fill: batch " + std::to_string(batch.index_in_epoch) + " of epoch " +
+                std::to_string(epoch) + " has " + std::to_string(batch.size) +
+                " samples, the static buffers " + std::to_string(impl.max_batch_size));
+  impl.check_static_buffers(static_input, static_labels);
+  input.prepare(batch, epoch);
+  input.take_into(static_input, static_labels);
 }
 
 }  // namespace hpc_train

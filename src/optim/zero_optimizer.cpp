@@ -9,6 +9,7 @@
 
 #include "hpc_train/error.h"
 #include "hpc_train/monitor/metrics.h"
+#include "hpc_train/runtime/test_hooks.h"
 
 namespace hpc_train {
 
@@ -267,6 +268,26 @@ bool ZeroOptimizer::rebuild_buckets() {
   reducer_.reset_buckets();
   load_full_state(state);  // re-partitions for the new layout
   return true;
+}
+
+// Note [Test hooks]: the steps underneath the policy, for the tests.
+StepOutcome TestHooks::step(ZeroOptimizer& optimizer, double lr, double loss_scale) {
+  return optimizer.step(lr, loss_scale);
+}
+
+void TestHooks::step_on_device(ZeroOptimizer& optimizer) { optimizer.step_on_device(); }
+
+StepReport TestHooks::read_device_report(const ZeroOptimizer& optimizer) {
+  return optimizer.read_device_report();
+}
+
+void TestHooks::load_device_state(ZeroOptimizer& optimizer, int64_t global_step,
+                                  int64_t adam_steps, const LossScalerState& scaler) {
+  optimizer.load_device_state(global_step, adam_steps, scaler);
+}
+
+const at::Tensor& TestHooks::loss_scale_tensor(const ZeroOptimizer& optimizer) {
+  return optimizer.loss_scale_;
 }
 
 }  // namespace hpc_train

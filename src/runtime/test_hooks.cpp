@@ -1,4 +1,5 @@
-// The environment switches of Note [Test hooks].
+// The environment switches of Note [Test hooks]. TestHooks' members are defined next to the
+// private state they reach (device_input.cpp, zero_optimizer.cpp).
 #include "hpc_train/runtime/test_hooks.h"
 
 #include <chrono>

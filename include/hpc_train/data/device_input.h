@@ -16,7 +16,7 @@
 //   take_into(in, labels)   the same, written into caller-owned tensors of fixed shape (inputs
 //                           of a captured CUDA graph).
 // Batches come out of take() in the order they went into prepare(); up to kStagingSlots may be
-// prepared and not yet taken. to_device() and fill() do both phases at once (evaluation, tests).
+// prepared and not yet taken. to_device() does both phases at once (evaluation).
 // On the CPU there is no stream and no copy: the same calls give the same values.
 //
 // Note [Augmentation draws]: each batch's random numbers are a pure function of
@@ -107,14 +107,11 @@ class DeviceInput {
   // run that step eagerly. Throws Error for tensors of another shape, dtype or device.
   void take_into(at::Tensor& static_input, at::Tensor& static_labels);
 
-  // prepare() then take(); prepare() then take_into().
+  // prepare() then take().
   DeviceBatch to_device(const HostBatch& batch, int64_t epoch);
-  // fill() checks the batch size and the tensors before it prepares the batch: a short batch or
-  // a wrong tensor throws Error and leaves nothing prepared.
-  void fill(const HostBatch& batch, int64_t epoch, at::Tensor& static_input,
-            at::Tensor& static_labels);
 
  private:
+  friend struct TestHooks;  // fill: prepare() then take_into() (Note [Test hooks])
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -21,8 +21,8 @@
 //                         the host decides) and gets a StepOutcome back: one host sync per step.
 //   step_on_device()      nothing crosses to the host: the device evaluates the learning-rate
 //                         schedule (ZeroOptions::lr_schedule), the fp16 loss scaler runs on the
-//                         device (ZeroOptions::loss_scaling; loss_scale_tensor() is what the loss
-//                         is multiplied by), and the counters stay there until read_device_report.
+//                         device (ZeroOptions::loss_scaling; loss_gradient() reads its scale
+//                         there), and the counters stay there until read_device_report.
 //                         With the NCCL backend the host never waits, so a whole training step
 //                         can be captured in a CUDA graph and replayed (the buffers it uses are
 //                         allocated at construction and on every (re)layout, never per step).
@@ -32,7 +32,9 @@
 // The step policy lives here on both devices, as DeepSpeed's ZeRO optimizer keeps its loss
 // scaler: the fp16 loss scaler (a LossScaler on the host, the device scaler on a GPU), the
 // learning-rate schedule (Note [Schedule step]) and zeroing the gradients after each step. The
-// trainer starts backward from loss_gradient(), calls step(), and reads report().
+// trainer starts backward from loss_gradient(), calls step(), and reads report(). The steps
+// underneath are private: the policy calls them, and the tests reach them through TestHooks
+// (Note [Test hooks] in test_hooks.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -115,28 +117,9 @@ class ZeroOptimizer {
   // For a resume, after load_full_state: the counters and the scaler continue from these.
   void resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
 
-  // --- The steps underneath, for tests and for the policy above.
-  // Gradients in the flat buffer (stages 0, 1) or the reducer's partition (stage 2) are the sum
-  // over ranks of each rank's gradient of loss * loss_scale / (world size * grad_accum)
-  // (Note [Gradient averaging]). Collective.
-  StepOutcome step(double lr, double loss_scale);
-
-  // The same step with no host sync and no host input (see the top of this file); the parameters
-  // must be on a GPU. Queued on the current CUDA stream; the all-reduce of the squared norm
-  // (partitioned, or fp16 at stage 0) and the all-gathers go through the communicator, which
-  // must be NCCL for the host never to wait. Collective.
-  void step_on_device();
-  // GPU: the current loss scale, a 1-element fp32 tensor on the device, updated by every
-  // step_on_device (multiply the loss by it: no host sync). Undefined on the CPU.
-  const at::Tensor& loss_scale_tensor() const { return loss_scale_; }
   // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known), for both paths.
   // Before a step is captured: a captured step keeps the schedule it was captured with.
   void set_lr_schedule(const LrScheduleParams& schedule);
-  // GPU: one small copy to the host (waits for the current stream).
-  StepReport read_device_report() const;
-  // GPU, for a resume: the counters and the loss scaler continue from these. After
-  // load_full_state (which sets adam_steps from FullOptimizerState::steps too).
-  void load_device_state(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
 
   // Steps applied. On a GPU it reads the device (a sync).
   int64_t steps_taken() const;
@@ -153,6 +136,24 @@ class ZeroOptimizer {
   bool rebuild_buckets();
 
  private:
+  friend struct TestHooks;  // the steps underneath (Note [Test hooks])
+
+  // --- The steps underneath the policy.
+  // Gradients in the flat buffer (stages 0, 1) or the reducer's partition (stage 2) are the sum
+  // over ranks of each rank's gradient of loss * loss_scale / (world size * grad_accum)
+  // (Note [Gradient averaging]). Leaves the gradients as they are. Collective.
+  StepOutcome step(double lr, double loss_scale);
+  // The same step with no host sync and no host input (see the top of this file); the parameters
+  // must be on a GPU. Queued on the current CUDA stream; the all-reduce of the squared norm
+  // (partitioned, or fp16 at stage 0) and the all-gathers go through the communicator, which
+  // must be NCCL for the host never to wait. Leaves the gradients as they are. Collective.
+  void step_on_device();
+  // GPU: one small copy to the host (waits for the current stream).
+  StepReport read_device_report() const;
+  // GPU, for a resume: the counters and the loss scaler continue from these. After
+  // load_full_state (which sets adam_steps from FullOptimizerState::steps too).
+  void load_device_state(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
+
   struct HostStepInputs {  // step()'s arguments, for the device path
     double lr;
     double loss_scale;
@@ -193,7 +194,9 @@ class ZeroOptimizer {
   at::Tensor exp_avg_sq_;
   // The device path's buffers, on the parameters' GPU (undefined on the CPU).
   at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
-  at::Tensor loss_scale_;      // fp32 [1]
+  // fp32 [1]: the device scaler's current scale, updated by every step_on_device; the loss is
+  // multiplied by it (loss_gradient) with no host sync.
+  at::Tensor loss_scale_;
   at::Tensor constant_loss_gradient_;  // loss_gradient()'s constant, and its value
   double constant_loss_gradient_value_ = 0.0;
   at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients

@@ -1,6 +1,6 @@
 // Test hooks: all of hpc_train that exists only for its tests, in one list (Note [Test hooks]):
-// the environment switches that make one rank fail, stall or record what it trained on.
-// Torch-free.
+// the environment switches that make one rank fail, stall or record what it trained on, and the
+// entry points through which tests reach members that production code must not call. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -8,13 +8,26 @@
 #include <string>
 #include <vector>
 
+namespace at {
+class Tensor;
+}  // namespace at
+
 namespace hpc_train {
+
+class DeviceInput;
+struct HostBatch;
+class ZeroOptimizer;
+struct StepOutcome;
+struct StepReport;
+struct LossScalerState;
 
 // Note [Test hooks]
 // Some behaviour can only be tested by making the program do what a healthy run never does: fail
-// on one rank at a chosen point, hold a GPU up, write down what it trained on. All of it is
-// listed here, so that a reader sees what a real run never touches. Each switch is read in this
-// unit and nowhere else.
+// on one rank at a chosen point, hold a GPU up, write down what it trained on, take an optimizer
+// step by hand. All of it is listed here, so that a reader sees what a real run never touches.
+// Each switch is read in this unit and nowhere else. The members reached through TestHooks are
+// private in their classes, which declare TestHooks a friend, so that production code cannot
+// call them by accident.
 //
 // Environment switches. Unset in every real run; mpirun passes them to every rank. A value that
 // cannot be meant (a fault at no known point, a rank that is not a number, a trace file that
@@ -42,6 +55,20 @@ namespace hpc_train {
 //   resident-upload  the upload of the resident splits fails on its thread
 //   capture          a backward captured into a CUDA graph fails half-way (reducer.h)
 //
+// Test-only members, reached through TestHooks (each defined next to the state it reaches):
+//   TestHooks::fill               DeviceInput: prepare() then take_into() in one call, the
+//                                 batch and tensors checked first. test_device_input
+//   TestHooks::step               ZeroOptimizer: one step with the host's learning rate and
+//                                 loss scale, not the owned schedule and scaler's; gradients not
+//                                 zeroed. test_zero, test_gradient_precision, test_fused_optimizer
+//   TestHooks::step_on_device     ZeroOptimizer (GPU): that step with the device's schedule and
+//                                 scaler; gradients not zeroed. test_fused_optimizer
+//   TestHooks::read_device_report ZeroOptimizer (GPU): the device's counters, without report()'s
+//                                 check of the scaler. test_fused_optimizer
+//   TestHooks::load_device_state  ZeroOptimizer (GPU): resume() of the device's counters and
+//                                 scaler alone. test_fused_optimizer
+//   TestHooks::loss_scale_tensor  ZeroOptimizer (GPU): the device scaler's current scale.
+//                                 test_fused_optimizer
 // Test-only, outside this unit:
 //   launch_gpu_stall (train/gpu_stall.h)  the kernel behind HPC_TRAIN_TEST_STALL_REPLAY_RANK;
 //                                         CUDA, so in a GPU-only unit of its own.
@@ -76,6 +103,23 @@ class SampleTrace {
 
  private:
   std::FILE* file_ = nullptr;
+};
+
+// The test-only members of the list above; the classes are complete where tests call these.
+struct TestHooks {
+  // Throws Error for a batch of another size than the static buffers, or tensors of another
+  // shape, dtype or device, and then leaves nothing prepared.
+  static void fill(DeviceInput& input, const HostBatch& batch, int64_t epoch,
+                   at::Tensor& static_input, at::Tensor& static_labels);
+
+  // ZeroOptimizer (zero_optimizer.h says what each step reads and does). Collective.
+  static StepOutcome step(ZeroOptimizer& optimizer, double lr, double loss_scale);
+  static void step_on_device(ZeroOptimizer& optimizer);
+  static StepReport read_device_report(const ZeroOptimizer& optimizer);
+  static void load_device_state(ZeroOptimizer& optimizer, int64_t global_step,
+                                int64_t adam_steps, const LossScalerState& scaler);
+  // A 1-element fp32 tensor on the GPU, updated by every step on the device; undefined on the CPU.
+  static const at::Tensor& loss_scale_tensor(const ZeroOptimizer& optimizer);
 };
 
 }  // namespace hpc_train

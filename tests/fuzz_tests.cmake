@@ -10,12 +10,12 @@
 # 128 MiB, an input that takes over 25 s or an exception other than hpc_train::Error
 # (fuzz/fuzz_support.h, Note [What a finding is]) fails the test; libFuzzer saves the input as
 # build/fuzz/work/<target>/crash-* (or leak-*, oom-*, timeout-*). To rerun one input or fuzz longer
-# by hand, see the README's paragraph on fuzzing.
+# by hand, see docs/install.md, "Tests and fuzzing".
 # A fixed seed and a fixed number of executions per target: the same inputs every run, so that a
 # CI failure repeats on any machine and a green run is not a lucky draw (a time limit with a fixed
 # seed still ran a different count of inputs on a faster machine, and CI found there what the
 # slower one had not reached). Each count is about a minute on 2 cores; HPC_TRAIN_FUZZ_SECONDS
-# only caps a slow machine. Fuzz longer, or with other seeds, by hand (README).
+# only caps a slow machine. Fuzz longer, or with other seeds, by hand (docs/install.md).
 set(HPC_TRAIN_FUZZ_SEED 1 CACHE STRING "libFuzzer -seed of the fuzz tests")
 set(HPC_TRAIN_FUZZ_SECONDS 300 CACHE STRING "At most this long each fuzz target runs, seconds")
 set(HPC_TRAIN_FUZZ_RUNS_idx 250000)

@@ -124,7 +124,7 @@ grep -qF "Resumed from $step7: step 7" resumed.out || fail "resumed: no resume l
 cmp resumed.safetensors file-3.safetensors || fail "resumed over the shards ends elsewhere"
 cmp checkpointed.safetensors file-3.safetensors || fail "checkpointed run ends elsewhere"
 # The shards are the file: their checkpoint resumes on it too (as a resume checks only that the
-# data fits the checkpoint, any set of the same layout would; see the README).
+# data fits the checkpoint, any set of the same layout would; see docs/data.md, "Sharded datasets").
 train 3 resumed-on-file slice.h5 --resume "$step7"
 cmp resumed-on-file.safetensors file-3.safetensors || fail "resumed on the file ends elsewhere"
 

@@ -12,7 +12,7 @@
 
 namespace hpc_train {
 
-// Exit codes of both executables (documented in the README).
+// Exit codes of both executables (documented in docs/usage.md, "Exit codes").
 enum ExitCode : int {
   kExitOk = 0,
   kExitRuntimeError = 1,  // a library call failed, or an internal invariant broke

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hpc_train_report RUN_DIR: a picture of a run (README, "Watching a run").
+"""hpc_train_report RUN_DIR: a picture of a run (docs/monitoring.md, "ETA and a picture of it").
 
 Reads RUN_DIR/metrics.jsonl (the "train" record of each log interval, the "epoch" record of
 each epoch, the "resume" record of each restart from a checkpoint: src/monitor/run_report.cpp)

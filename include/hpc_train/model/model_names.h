@@ -7,7 +7,7 @@
 
 namespace hpc_train {
 
-// Every name --model takes, in the order --help and the README list them (models.h describes
+// Every name --model takes, in the order --help and docs/models.md list them (models.h describes
 // each network).
 const std::vector<std::string>& model_names();
 

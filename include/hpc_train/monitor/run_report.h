@@ -348,7 +348,8 @@ class RunReporter {
 // .../loss_scale with fp16, .../elapsed_time_ms_forward, _backward, _step) so that dashboards
 // made for DeepSpeed runs work, with the step being samples seen (DeepSpeed's global_samples).
 // What DeepSpeed does not log gets a name in the same style, after the metrics.jsonl key
-// (README, "Watching a run"). The timed phases only when the interval had eager steps.
+// (docs/monitoring.md, "TensorBoard and CSV files"). The timed phases only when the interval
+// had eager steps.
 std::vector<ScalarEvent> interval_events(const IntervalReport& report);
 std::vector<ScalarEvent> epoch_events(const EpochReport& report);
 

@@ -210,11 +210,11 @@ int run(int argc, char** argv) {
 // Note [Quick exit]: when run() returns, the run's files are written and closed, the
 // communicators destroyed, the threads joined and MPI finalized. What exit() would still do is
 // the libraries' static teardown, which mpirun (and so the job) waits for: LibTorch's alone
-// deregisters every operator kernel from its dispatcher, 75 ms of the 0.2-0.3 s between
-// MPI_Finalize and the process's end on a 2-core machine, and on the H200 the process ended
-// 0.3 s after MPI_Finalize. So main flushes stdio and ends the process with _Exit; the kernel
-// releases the memory, the files and the GPU as at any exit. (A leak checker that reports at
-// exit, such as LeakSanitizer, reports nothing for hpc_train.)
+// deregisters every operator kernel from its dispatcher, a good part of the time between
+// MPI_Finalize and the process's end, itself a visible part of a short job
+// (bench/results-notes.md, Note [Quick exit]). So main flushes stdio and ends the process with
+// _Exit; the kernel releases the memory, the files and the GPU as at any exit. (A leak checker
+// that reports at exit, such as LeakSanitizer, reports nothing for hpc_train.)
 int main(int argc, char** argv) {
   const int exit_code = run(argc, argv);
   std::fflush(nullptr);

@@ -194,8 +194,8 @@ namespace {
 // How long ending the job waits for the backend's abort (ncclCommAbort) before MPI_Abort ends
 // the process regardless: aborting the communicator first lets kernels stuck on a peer return,
 // but it must not be able to hang the very thing that ends the hang. (ncclCommAbort frees device
-// memory, which waits for the device: seen on an H200 to block for as long as a stream stays
-// held up.)
+// memory, which waits for the device: it was seen to block for as long as a stream stays held
+// up; bench/results-notes.md, comm.cpp kBackendAbortGrace.)
 constexpr auto kBackendAbortGrace = std::chrono::seconds(5);
 
 void abort_within_grace(CommBackend& backend, const std::string& reason) {

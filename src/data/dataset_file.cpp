@@ -103,18 +103,18 @@ struct SplitDatasets {
 // waste is below it: the kernel's readahead reads on beyond a read when the pages before it are
 // cached, taking a random read for part of a sequential one, up to the device's read_ahead_kb
 // (128 KiB by default, MiBs on some virtual disks) a read. Measured with 3 ranks through MPI-IO
-// on 3x224x224 samples (bench/data_bench.sh, 8 MiB readahead): 1.10 bytes fetched from the disk
-// per byte of samples delivered from a file of 1.5x memory, 1.35 from one of 0.12x (more of
-// whose pages are cached), against 1.05 and 1.03 read so (a sample's pages, prefetched batches
-// and evaluation included). POSIX_FADV_RANDOM turns readahead off, but only for one file
-// description, and the MPI-IO driver keeps its own to itself. So where the chunks hold whole
-// samples unfiltered (every file the converters wrote, any number of samples a chunk), the
-// samples are read with pread from the file's own descriptor, advised random, at their chunk's
-// address (H5Dget_chunk_info_by_coord, HDF5 >= 1.10.5) plus their offset in it: one read a run
-// (split where its chunks are not adjacent in the file), the same bytes HDF5 would ask for,
-// without the HDF5 lock. Other layouts (compressed, chunks of part of a sample, contiguous) and
-// chunks never written go through H5Dread. Measured throughput does not settle whether this is
-// faster on the development machine's virtual disk (bench/results-data-cpu-2026-12-04.txt).
+// (bench/data_bench.sh), readahead fetched measurably more than the samples delivered, the more
+// from a file small beside memory (more of whose pages are cached), and the reads below leave
+// little beyond a sample's pages, prefetched batches and evaluation. POSIX_FADV_RANDOM turns
+// readahead off, but only for one file description, and the MPI-IO driver keeps its own to itself.
+// So where the chunks hold whole samples unfiltered (every file the converters wrote, any number
+// of samples a chunk), the samples are read with pread from the file's own descriptor, advised
+// random, at their chunk's address (H5Dget_chunk_info_by_coord, HDF5 >= 1.10.5) plus their offset
+// in it: one read a run (split where its chunks are not adjacent in the file), the same bytes HDF5
+// would ask for, without the HDF5 lock. Other layouts (compressed, chunks of part of a sample,
+// contiguous) and chunks never written go through H5Dread. Measured throughput does not settle
+// whether this is faster on a host-cached virtual disk
+// (bench/results-notes.md, Note [Reading only the samples]).
 //
 // Note [Reads in flight]: one such read at a time leaves a disk (an SSD, a virtual disk, a
 // parallel file system) idle while the rank copies and waits, and the deep queues that such
@@ -122,10 +122,10 @@ struct SplitDatasets {
 // lock, then issued together on the dataset's ReaderThreads (--reader-threads in flight a
 // rank), each into its own part of the staging buffer: the bytes, and where they land, are
 // those of reading them one after another, and a failed read throws the DataError the first
-// failing one in order would have thrown. Measured on the development machine's virtual disk
-// (bench/results-data-cpu-2026-12-04.txt, 3 ranks reading ~150 KB samples without training):
-// 8 in flight read 1.21-1.26x what 1 does, 0.70-0.87 of dd's sequential figure; 4 to 16 alike,
-// 32 slower; the bytes read per byte delivered unchanged.
+// failing one in order would have thrown. Measured with 3 ranks reading ~150 KB samples without
+// training, 8 in flight read more than 1 does and come closer to dd's sequential figure; 4 to 16
+// alike, 32 slower; the bytes read per byte delivered unchanged (bench/results-notes.md,
+// Note [Reads in flight]).
 #if H5_VERSION_GE(1, 10, 5)
 constexpr bool kDirectChunkReads = true;
 #else
@@ -171,9 +171,9 @@ SplitDatasets open_split(const std::string& path, hid_t file, Split split,
   const std::string group = std::string("/") + split_name(split);
   SplitDatasets d;
   // No chunk cache for the images: a random sample's chunk is rarely needed again soon, and
-  // without a cache HDF5 reads just the sample's bytes instead of the whole chunk (measured:
-  // 60,000 random Fashion-MNIST samples in about 0.4 s without, 0.7 s with the default 1 MiB
-  // cache). A compressed chunk is inflated whole for every read either way.
+  // without a cache HDF5 reads just the sample's bytes instead of the whole chunk (random samples
+  // read measurably faster without than with the default 1 MiB cache: bench/results-notes.md,
+  // dataset_file.cpp chunk cache). A compressed chunk is inflated whole for every read either way.
   h5::PropertyList image_access(H5_CHECK(H5Pcreate(H5P_DATASET_ACCESS)));
   H5_CHECK(H5Pset_chunk_cache(image_access.get(), H5D_CHUNK_CACHE_NSLOTS_DEFAULT, 0,
                               H5D_CHUNK_CACHE_W0_DEFAULT));
@@ -608,8 +608,8 @@ std::vector<std::pair<hsize_t, hsize_t>> consecutive_runs(const std::vector<int6
 // per run, with a file selection of one hyperslab and a memory space of the same shape. That
 // shape match is what keeps HDF5 1.10 on its fast path. One H5Dread of a union of hyperslabs into
 // a flat buffer looks cheaper but makes HDF5 map the selection onto the chunks element by
-// element: 60,000 Fashion-MNIST samples in batches of 64 took 4.0 s that way, 0.8 s with one
-// read per run (same machine, same cache settings).
+// element, several times slower than one read per run (bench/results-notes.md,
+// Note [Reading runs]).
 void read_image_runs(hid_t dataset, const std::vector<std::pair<hsize_t, hsize_t>>& runs,
                      size_t sample_bytes, uint8_t* out) {
   h5::Dataspace file_space(H5_CHECK(H5Dget_space(dataset)));

@@ -145,9 +145,9 @@ void make_directories(const std::string& directory) {
 // --- Space for a checkpoint (Note [Checkpoint space] in checkpoint.h) --------------------------
 
 // What HDF5 adds to the data: the superblock, object headers (with the crc32 attributes), the
-// groups' link indexes and heaps. simple_cnn's checkpoint for Fashion-MNIST (8 model tensors,
-// 25 MB) holds 15 KiB more than its arrays, its configuration and random state included; the
-// allowance is 20 times that, still a rounding error beside the data.
+// groups' link indexes and heaps. The allowance is many times what simple_cnn's checkpoint for
+// Fashion-MNIST holds beyond its arrays, its configuration and random state included, and still a
+// rounding error beside the data (bench/results-notes.md, Note [Checkpoint space]).
 constexpr uint64_t kCheckpointMetadataBytes = 256 * 1024;
 constexpr uint64_t kCheckpointMetadataBytesPerDataset = 4 * 1024;
 

@@ -8,7 +8,8 @@
 // fixed order) and writes them as one partial per channel. The finishing kernels give each
 // channel a warp whose lanes merge the partials, strided, then a shuffle tree of the 32: a fixed
 // order again. (Loading several rows into registers before adding them up made the backward
-// sums 35% slower on an H200 than this plain loop that the compiler unrolls.)
+// sums slower than this plain loop that the compiler unrolls: bench/results-notes.md,
+// Note [Fused batch norm].)
 #include "hpc_train/model/fused_batch_norm.h"
 
 #include <cuda_bf16.h>

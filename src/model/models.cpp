@@ -99,10 +99,10 @@ class SimpleCnn : public Model {
   // gradients: t -> relu(t + bias) does not decrease, so it commutes with a maximum, also in
   // floating point, where adding a constant and rounding does not decrease either. Only where
   // two pixels of a window differ before the bias and tie after it can the gradient go to
-  // another one (max pooling sends it to the first maximum). On an H200 (bf16), the two bias
-  // gradients' reductions over the full maps took 30 us of the 387 us of kernels in a step
-  // (bench/results-h200-2026-12-04.txt). On a GPU the three run as one kernel (Note [Fused
-  // pooling] in pool_bias_relu.h), whose output is laid out as `pooled_format`.
+  // another one (max pooling sends it to the first maximum). The two bias gradients' reductions
+  // over the full maps had been a noticeable share of a step's kernels (bench/results-notes.md,
+  // Note [Pool before bias]). On a GPU the three run as one kernel (Note [Fused pooling] in
+  // pool_bias_relu.h), whose output is laid out as `pooled_format`.
   static torch::Tensor conv_pool_relu(const nn::Conv2dImpl& conv, const torch::Tensor& x,
                                       at::MemoryFormat pooled_format) {
     return max_pool_bias_relu(

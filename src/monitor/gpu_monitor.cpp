@@ -247,17 +247,17 @@ class GpuMonitor::Impl {
   // periods end within (start_us, end_us], read from its sample buffer, rather than the polled
   // nvmlDeviceGetUtilizationRates, whose one value covers the driver's last sample period and so
   // can reach back before the interval. An interval that holds no sample end is shorter than
-  // the driver's sample period (on an H200 about 1/6 s; a log interval of 100 steps of a small
-  // network can be 40 ms): the sample that will cover it is not written yet, and every sample
-  // there is describes time before the interval, so its utilisation is unknown (NaN), not the
-  // newest sample's (which read 0% while steps were replaying back to back: the GPU idling
-  // before training started). Which samples fall in an interval, and what one without any
-  // reports, is utilization_over_interval's to say (a pure function, tested on the CPU); here the
-  // buffer is read. NVML answers NVML_ERROR_NOT_FOUND where the buffer holds no sample after the
-  // one last seen (as between two intervals microseconds apart, or while an idle GPU's buffer
-  // runs dry): that is an empty reading, not a failed one, and the polled value put in its place
-  // would describe the driver's last period, before the interval. nullopt where the buffer
-  // cannot be read: the polled mean stands.
+  // the driver's sample period, as a log interval of 100 steps of a small network can be
+  // (bench/results-notes.md, Note [Utilisation over the interval]): the sample that will cover it
+  // is not written yet, and every sample there is describes time before the interval, so its
+  // utilisation is unknown (NaN), not the newest sample's (which, while steps were replaying back
+  // to back, showed the GPU idling before training started). Which samples fall in an interval,
+  // and what one without any reports, is utilization_over_interval's to say (a pure function,
+  // tested on the CPU); here the buffer is read. NVML answers NVML_ERROR_NOT_FOUND where the
+  // buffer holds no sample after the one last seen (as between two intervals microseconds apart,
+  // or while an idle GPU's buffer runs dry): that is an empty reading, not a failed one, and the
+  // polled value put in its place would describe the driver's last period, before the interval.
+  // nullopt where the buffer cannot be read: the polled mean stands.
   std::optional<IntervalUtilization> utilization_from_samples(uint64_t start_us, uint64_t end_us) {
     if (!samples_) return std::nullopt;
     int value_type = 0;

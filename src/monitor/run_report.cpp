@@ -183,7 +183,8 @@ std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
   // null when nothing was measured, and then left out.
   if (r.gpu) {
     // Named: items() refers into the object, and a temporary in a range-for's initialiser dies
-    // before the loop runs (every GPU run's second log interval crashed on that, one H200).
+    // before the loop runs (every GPU run's second log interval crashed on that:
+    // bench/results-notes.md, run_report.cpp GPU figures).
     const nlohmann::json gpu = r.gpu->to_json();
     for (const auto& item : gpu.items()) {
       if (item.value().is_number())

@@ -145,7 +145,8 @@ int run_or_abort(const Runtime& runtime, const std::function<int()>& body) {
 int compute_threads_per_rank(int local_size, int requested) {
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Threads beyond the node's hardware threads only compete for them, and a typo's worth of them
-  // stalls the start (--threads-per-rank 100000 printed nothing in 120 s).
+  // stalls the start (as --threads-per-rank 100000 did: bench/results-notes.md, runtime.cpp
+  // compute_threads_per_rank).
   if (requested > hardware)
     throw ConfigError("--threads-per-rank " + std::to_string(requested) + ": more than the " +
                       std::to_string(hardware) + " hardware threads of this node");

@@ -18,8 +18,8 @@
 // the padding, and stay zero): LibTorch allocates each tensor of its own 512-byte aligned, and
 // kernels that read parameters with vector loads rely on that. cuDNN's NHWC batch norm ended the
 // step with "misaligned address" on a scale vector that a 10-element fc bias had pushed 8 bytes
-// off a 16-byte boundary (one H200, fp32, 2026-12-04). Padding and gaps cost less than
-// (W + parameters) x kSlotAlignmentElements elements.
+// off a 16-byte boundary (bench/results-notes.md, Note [Bucket layout]). Padding and gaps cost
+// less than (W + parameters) x kSlotAlignmentElements elements.
 #pragma once
 
 #include <cstdint>

@@ -13,8 +13,9 @@
 // tensors or 320 chunks of 64 Ki elements (one for most buckets), and lets them go, so that the
 // next backward takes fresh tensors again. `.grad` used to be a view of `grads()`, so that
 // autograd accumulated straight into the flat buffer; but that is an add kernel per parameter
-// per backward: 62 in resnet18's step, 10 in simple_cnn's, where they took 35 us of 387 (one
-// H200, bf16). Padding elements stay zero in both buffers.
+// per backward: 62 in resnet18's step, 10 in simple_cnn's, where they were a noticeable share of
+// the step's kernel time (bench/results-notes.md, Note [Flat parameter storage]). Padding
+// elements stay zero in both buffers.
 //
 // The *logical* layout is the parameters' concatenation in model order, without padding, each
 // parameter's elements in PyTorch's (contiguous) order: it does not depend on buckets, world size
@@ -33,11 +34,11 @@
 // elements, do not know; to_logical and from_logical translate, so checkpoints and weight files
 // keep PyTorch's order. The trainer asks for it whenever the activations are channels-last. A
 // one-channel batch is NCHW and NHWC at once, and LibTorch's convolution then runs NHWC because
-// the weights are: the whole network does. On an H200, resnet18 on CIFAR went from 5.26-5.33 to
-// 5.08 ms/step with channels-last weights; simple_cnn on Fashion-MNIST went from 0.297 to 0.308,
-// its LibTorch max pooling slower in NHWC, so it then stayed NCHW (one-channel images kept
-// contiguous weights), with cuDNN converting around its convolutions. Its pooling now runs as a
-// kernel of ours in NHWC (Note [Fused pooling] in pool_bias_relu.h).
+// the weights are: the whole network does. With channels-last weights resnet18 on CIFAR got
+// faster, while simple_cnn on Fashion-MNIST got slower, its LibTorch max pooling slower in NHWC
+// (bench/results-notes.md, Note [Channels-last weights]), so it then stayed NCHW (one-channel
+// images kept contiguous weights), with cuDNN converting around its convolutions. Its pooling now
+// runs as a kernel of ours in NHWC (Note [Fused pooling] in pool_bias_relu.h).
 //
 // Note [Gradient precision]
 // With an fp16 or bf16 model, the gradients need not stay in 16 bits between backward and the

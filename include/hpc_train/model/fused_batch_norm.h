@@ -7,18 +7,18 @@
 // Note [Fused batch norm]
 // LibTorch runs a ResNet's `relu(bn(conv(x)) + shortcut)` as batch norm's two channels-last
 // kernels (statistics, then normalise), an add and a ReLU, each a pass over the activations, and
-// the same again backward. On an H200 these passes were a third of resnet18's kernel time, the
-// statistics kernel alone reading at ~0.5 TB/s (bench/results-h200-2026-12-04.txt). Here one
-// pass computes the statistics (Welford per thread, Chan's merge between threads and blocks), a
-// small kernel with a warp per channel finishes them (running statistics, scale and shift), and
-// one pass writes y; backward is one pass of per-channel sums, a warp per channel to finish
-// them, and one pass that writes dx (and dresidual). On an H200, resnet18 on CIFAR at batch 256
-// in bf16 went from 5.04-5.22 to 4.33-4.44 ms/step; under ncu the fused kernels took 1.51 ms of
-// the step's kernel time, where LibTorch's four batch-norm kernels alone took 1.8 ms and its
-// ReLUs and adds more. The activations are [rows = N x H x W, channels], channels-last, read 16 bytes at
-// a time, all arithmetic in fp32. Blocks write partial results and fixed threads merge them in
-// a fixed order: no atomics, so the same inputs give the same bits (graph replays equal eager
-// steps, runs repeat). Nothing reads back to the host: the kernels can be captured.
+// the same again backward. These passes were a large share of resnet18's kernel time, the
+// statistics kernel alone reading far below the memory's bandwidth. Here one pass computes the
+// statistics (Welford per thread, Chan's merge between threads and blocks), a small kernel with
+// a warp per channel finishes them (running statistics, scale and shift), and one pass writes y;
+// backward is one pass of per-channel sums, a warp per channel to finish them, and one pass that
+// writes dx (and dresidual). With them resnet18's step got faster, and under ncu they (batch
+// norm, ReLU and add together) take less of its kernel time than LibTorch's four batch-norm
+// kernels alone (bench/results-notes.md, Note [Fused batch norm]). The activations are
+// [rows = N x H x W, channels], channels-last, read 16 bytes at a time, all arithmetic in fp32.
+// Blocks write partial results and fixed threads merge them in a fixed order: no atomics, so the
+// same inputs give the same bits (graph replays equal eager steps, runs repeat). Nothing reads
+// back to the host: the kernels can be captured.
 //
 // Torch-free: raw device pointers and sizes. Needs the CUDA runtime's headers, so only
 // GPU-build code includes it; batch_norm_act.h is the model's side.

@@ -7,11 +7,10 @@
 // once: the CUDA start beside MPI_Init (Note [Early CUDA start]), the twin's warm-up step beside
 // the model's check (Note [Training step warm-up]), the resident splits' upload, the HDF5 loader,
 // the checkpoint writer, and the training loop's launches beside LibTorch's autograd thread.
-// Bound to one core they take turns: on an H100 machine the origin's job (`mpirun -np 1`, bf16)
-// took 4.40-4.70 s of process wall against 3.78-3.82 s under `--bind-to none`, four alternating
-// pairs; its model phase 0.91-0.97 s against 0.47-0.57 s, its steps 0.24 against 0.22 ms; on a
-// faster one 3.55-3.60 s bound against 3.16-3.26 s with the binding undone as below
-// (bench/results-h100-2026-12-06-c.txt). PyTorch's launchers (torchrun, deepspeed) bind nothing.
+// Bound to one core they take turns: the origin's job (`mpirun -np 1`, bf16) took clearly longer
+// bound than under `--bind-to none` or with the binding undone as below, its model phase most of
+// all, its steps a little (bench/results-notes.md, Note [Open MPI's default core binding]).
+// PyTorch's launchers (torchrun, deepspeed) bind nothing.
 //
 // So main() first, before any thread of ours exists (a thread inherits its creator's CPUs),
 // undoes that default where it left the rank fewer CPUs than its share of those the process may

@@ -18,11 +18,12 @@
 //           CUDA_VISIBLE_DEVICES of its own) takes it; ranks that share a node's GPUs take
 //           local rank modulo the visible GPUs.
 //   backend NCCL needs a GPU of its own for every rank: every rank's (node, bus id) distinct.
-//           auto: none for a job of one rank (it has no one to exchange with; on an H200 an
-//           NCCL world of one made start-up 0.15-0.45 s longer, its communicator phase 0.69 s
-//           against 0.15 s, and each step 1.3-1.5% slower); else NCCL when that holds and this
-//           build has NCCL, else MPI (GPU tensors staged through the host). nccl: refused otherwise, naming the ranks that share a
-//           GPU. mpi: MPI. none: no communication (one rank; the Communicator checks).
+//           auto: none for a job of one rank (it has no one to exchange with, and an NCCL
+//           world of one made start-up longer, its communicator phase most of all, and each
+//           step a little slower: bench/results-notes.md, placement.h --backend auto); else
+//           NCCL when that holds and this build has NCCL, else MPI (GPU tensors staged through
+//           the host). nccl: refused otherwise, naming the ranks that share a GPU. mpi: MPI.
+//           none: no communication (one rank; the Communicator checks).
 #pragma once
 
 #include <mpi.h>
@@ -107,27 +108,25 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 void check_mpi_thread_level(const Placement& placement, int granted);
 
 // Note [Early CUDA start]
-// A GPU rank's CUDA context (0.12 s on the H200 machine) and LibTorch's first use of cuBLAS and
-// cuDNN (most of the model phase's 0.26 s) wait for nothing that MPI decides, yet they came after
-// MPI_Init (0.23 s), the configuration, the placement and the dataset's checks. So main() starts
-// them on a thread before MPI_Init, on the GPU the rank will most likely take:
-// choose_cuda_device of the launcher's local rank (launcher_local_rank), which is what the agreed
-// placement picks unless it decides on the CPU. The thread makes the context and runs a small
-// convolution and matrix product, forward and backward, in the run's dtype (as the command line
-// and INI file give it: a DeepSpeed config's precision, applied later, may differ) and NHWC: the
-// libraries load and their handles are made there, and go back to LibTorch's per-device pools
-// when the thread ends. main() waits for the thread only once the trainer is built, so that its
-// loads run beside the trainer's own first uses (Note [Training step warm-up]: the driver loads
-// on several threads at once) and the trainer's first CUDA call waits only for the context. On
-// H100s (a wait before the trainer had been 0.27-0.41 s), the origin's job ended 0.07 s sooner
-// on average in each of two sets of six alternating runs: less than the runs' own spread
-// (bench/results-h100-2026-12-05-startup.txt). The thread's convolution reads cuDNN's
-// deterministic switch, which the trainer owns: the constructor sets it from the same command
-// line before the thread starts. Nothing starts where the command line does not parse (the
-// agreed phase reports that), asks for the CPU, or where the launcher does not say the rank's
-// place on its node. Where the placement then differs (the CPU after all, or another GPU), the
-// context stays unused on that GPU and the rank warns; LibTorch's handles on it are freed at
-// exit.
+// A GPU rank's CUDA context and LibTorch's first use of cuBLAS and cuDNN (most of the model phase)
+// wait for nothing that MPI decides, yet they came after MPI_Init, the configuration, the placement
+// and the dataset's checks. So main() starts them on a thread before MPI_Init, on the GPU the rank
+// will most likely take: choose_cuda_device of the launcher's local rank (launcher_local_rank),
+// which is what the agreed placement picks unless it decides on the CPU. The thread makes the
+// context and runs a small convolution and matrix product, forward and backward, in the run's dtype
+// (as the command line and INI file give it: a DeepSpeed config's precision, applied later, may
+// differ) and NHWC: the libraries load and their handles are made there, and go back to LibTorch's
+// per-device pools when the thread ends. main() waits for the thread only once the trainer is
+// built, so that its loads run beside the trainer's own first uses (Note [Training step warm-up]:
+// the driver loads on several threads at once) and the trainer's first CUDA call waits only for the
+// context. Against a wait before the trainer, the origin's job ended a little sooner on average in
+// each of two sets of six alternating runs, by less than the runs' own spread
+// (bench/results-notes.md, Note [Early CUDA start]). The thread's convolution reads cuDNN's
+// deterministic switch, which the trainer owns: the constructor sets it from the same command line
+// before the thread starts. Nothing starts where the command line does not parse (the agreed phase
+// reports that), asks for the CPU, or where the launcher does not say the rank's place on its node.
+// Where the placement then differs (the CPU after all, or another GPU), the context stays unused on
+// that GPU and the rank warns; LibTorch's handles on it are freed at exit.
 
 // This process's place among its node's ranks as its launcher says it (Open MPI's mpirun,
 // MPICH's Hydra, Cray PALS, Slurm's srun), before MPI exists; 0 for a process started without a

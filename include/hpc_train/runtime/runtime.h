@@ -26,14 +26,15 @@
 namespace hpc_train {
 
 // Note [Single-node MPI transport]: Open MPI's MPI_Init picks its point-to-point layer (pml) by
-// trying the candidates, and UCX's and libfabric's look for network devices: on a 2-core machine
-// MPI_Init took 0.28-0.36 s under mpirun and 0.40 s alone, against 0.08-0.10 s and 0.18-0.21 s
-// with ob1, Open MPI's own layer, which reaches the node's other ranks through shared memory.
-// Across nodes the site's layer matters (UCX on InfiniBand, for the data store's exchange and
-// the MPI backend's collectives); within one node ob1 is as direct. So where the launcher says
-// every rank runs on this node (launcher_one_node in placement.h) and no pml was chosen in the
-// environment (OMPI_MCA_pml, which `mpirun --mca pml X` also sets), OMPI_MCA_pml is set to ob1
-// before MPI_Init. Other MPI libraries ignore the variable.
+// trying the candidates, and UCX's and libfabric's look for network devices, which made MPI_Init
+// much slower, under mpirun and alone, than with ob1, Open MPI's own layer, which reaches the
+// node's other ranks through shared memory
+// (bench/results-notes.md, Note [Single-node MPI transport]). Across nodes the site's layer
+// matters (UCX on InfiniBand, for the data store's exchange and the MPI backend's collectives);
+// within one node ob1 is as direct. So where the launcher says every rank runs on this node
+// (launcher_one_node in placement.h) and no pml was chosen in the environment (OMPI_MCA_pml, which
+// `mpirun --mca pml X` also sets), OMPI_MCA_pml is set to ob1 before MPI_Init. Other MPI libraries
+// ignore the variable.
 // Sets OMPI_MCA_pml=ob1 when `one_node` is true and the environment chose no pml.
 void prefer_single_node_transport(std::optional<bool> one_node);
 

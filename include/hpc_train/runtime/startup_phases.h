@@ -1,21 +1,22 @@
 // Where a run's start-up goes, phase by phase, before the first training step.
 //
 // Note [Start-up phases]
-// A short job pays its start-up in full: on one H200 the origin's job trained for 5.4 s inside a
-// 7.9 s process. main() and the Trainer's constructor mark the end of each phase on every rank;
-// rank 0's figures are printed before training ("Start-up: ...") and go into summary.json as
-// "startup" ({"<phase>_s": seconds, "total_s": ...}). The phases: loading, the time from the
-// process's start (the kernel's record in /proc/self/stat) to main(), the dynamic loader mapping
-// LibTorch, CUDA and MPI (left out where /proc does not say); mpi (MPI_Init); config; placement
-// (devices probed and agreed); dataset (HDF5 opens and checks the file); then the trainer's:
-// communicator (NCCL's; the wait for the CUDA context that a thread began making before MPI_Init,
-// Note [Early CUDA start], or its making where nothing started it early), model
-// (built, moved and checked; on a GPU the first uses: the evaluation's at its shape, and one
-// training step of a twin of the model beside it, Note [Training step warm-up]), optimizer
-// (flat storage, broadcast, buckets, state), data (the store's read; what is left to wait of
-// the resident splits' upload, which runs beside the model and optimizer phases) and resume.
-// The training's own first steps (cuDNN's autotuning, the eager steps before the CUDA graph and
-// its capture) are the summary's warmup_s and the "Finished" line's warm-up, not here.
+// A short job pays its start-up in full: the origin's job spent a large part of its process's time
+// outside training (bench/results-notes.md, Note [Start-up phases]). main() and the Trainer's
+// constructor mark the end of each phase on every rank; rank 0's figures are printed before
+// training ("Start-up: ...") and go into summary.json as "startup" ({"<phase>_s": seconds,
+// "total_s": ...}). The phases: loading, the time from the process's start (the kernel's record in
+// /proc/self/stat) to main(), the dynamic loader mapping LibTorch, CUDA and MPI (left out where
+// /proc does not say); mpi (MPI_Init); config; placement (devices probed and agreed); dataset
+// (HDF5 opens and checks the file); then the trainer's: communicator (NCCL's; the wait for the
+// CUDA context that a thread began making before MPI_Init, Note [Early CUDA start], or its making
+// where nothing started it early), model (built, moved and checked; on a GPU the first uses: the
+// evaluation's at its shape, and one training step of a twin of the model beside it,
+// Note [Training step warm-up]), optimizer (flat storage, broadcast, buckets, state), data (the
+// store's read; what is left to wait of the resident splits' upload, which runs beside the model
+// and optimizer phases) and resume. The training's own first steps (cuDNN's autotuning, the eager
+// steps before the CUDA graph and its capture) are the summary's warmup_s and the "Finished"
+// line's warm-up, not here.
 #pragma once
 
 #include <string>

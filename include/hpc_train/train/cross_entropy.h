@@ -4,13 +4,13 @@
 // Note [Fused cross-entropy]
 // LibTorch runs it as a cast of the logits to fp32, log_softmax and nll_loss, and backward as
 // nll_loss's (a zero fill and a scatter), log_softmax's and the cast back: about seven launches
-// on tensors of a micro-batch's few hundred to thousand values, each a few microseconds of a
-// step that simple_cnn on an H200 takes a few hundred microseconds for. On a GPU two kernels of
-// ours do it (src/train/cross_entropy.cu): the forward computes every row's log-sum-exp and
-// the mean loss, the backward the logits' gradient (softmax - one-hot) x grad / rows straight
-// in the model dtype. The arithmetic is fp32, as LibTorch's, in another order: the loss and
-// gradient agree with LibTorch's to fp32 rounding (tests/test_kernel_items.cpp states the
-// bounds), not bit for bit. Everywhere else LibTorch's ops run.
+// on tensors of a micro-batch's few hundred to thousand values, each a few microseconds, which
+// count in a step as short as simple_cnn's (bench/results-notes.md, Note [Fused cross-entropy]).
+// On a GPU two kernels of ours do it (src/train/cross_entropy.cu): the forward computes every
+// row's log-sum-exp and the mean loss, the backward the logits' gradient (softmax - one-hot) x
+// grad / rows straight in the model dtype. The arithmetic is fp32, as LibTorch's, in another
+// order: the loss and gradient agree with LibTorch's to fp32 rounding (tests/test_kernel_items.cpp
+// states the bounds), not bit for bit. Everywhere else LibTorch's ops run.
 #pragma once
 
 #include <torch/types.h>

@@ -9,20 +9,20 @@
 //
 // Note [One evaluation shape]
 // A GPU meets every new input shape with new work: LibTorch asks cuDNN for a plan per
-// convolution and shape, and CUDA loads the kernels of those plans on their first launch; on
-// an H100 the origin's first evaluation (batches of 4096 and 1808) took 0.08-0.10 s more than
-// the others. So every batch of a rank's evaluation has the evaluation batch's size, the last
-// one filled up with copies of the share's last sample, whose outputs are left out of the sums
-// (10000 samples in batches of 4096: the third holds the last 1808 and 2288 copies). The CPU,
-// where shapes cost nothing ahead, fills up too (at most one batch less one sample more to
-// compute an evaluation), so that one path serves both and the CPU's tests check it. On a GPU
-// the trainer's check that the model runs (check_runs_in) runs at that shape (sample_input),
-// and the sums on its output (warm_up), during the start-up: the first evaluation then finds
-// its plans ready and its kernels loaded (CUDA loads a library's kernels on their first launch:
-// five libraries, 70-130 ms, for the loss, argmax and sums of the origin's first evaluation).
-// Equal batches (three of 3334) would fill up less, but cost 6.7 ms an epoch against 2.4 ms
-// for 4096, 4096 and 1808 on an H100: the evaluation batch, a power of two by default, is the
-// shape kept.
+// convolution and shape, and CUDA loads the kernels of those plans on their first launch: the
+// origin's first evaluation (batches of 4096 and 1808) took noticeably longer than the others. So
+// every batch of a rank's evaluation has the evaluation batch's size, the last one filled up with
+// copies of the share's last sample, whose outputs are left out of the sums (10000 samples in
+// batches of 4096: the third holds the last 1808 and 2288 copies). The CPU, where shapes cost
+// nothing ahead, fills up too (at most one batch less one sample more to compute an evaluation),
+// so that one path serves both and the CPU's tests check it. On a GPU the trainer's check that the
+// model runs (check_runs_in) runs at that shape (sample_input), and the sums on its output
+// (warm_up), during the start-up: the first evaluation then finds its plans ready and its kernels
+// loaded (CUDA loads a library's kernels on their first launch: several libraries for the loss,
+// argmax and sums of the origin's first evaluation). Equal batches (three of 3334) would fill up
+// less, but cost more an epoch than 4096, 4096 and 1808
+// (bench/results-notes.md, Note [One evaluation shape]): the evaluation batch, a power of two by
+// default, is the shape kept.
 
 #pragma once
 

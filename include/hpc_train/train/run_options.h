@@ -35,13 +35,12 @@ ZeroOptions zero_options(const TrainConfig& config);
 LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
 
 // Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new
-// input shape. On an H200, resnet18 at micro-batch 256 in bf16 took about 3 s per shape, after
-// which its replayed step ran in 4.55-4.63 ms against 5.09 with cuDNN's heuristics. Tuning
-// every shape also tuned the epoch's last, partial batch and the evaluation batches, inside
-// the timed steps: the benchmark's resnet18 row went 2.7x slower (15.7 ms/step over 300
-// steps) from one partial batch's tuning. So only the full micro-batch is tuned (in the eager
-// steps before the capture, which then finds its algorithms chosen); other shapes, a few
-// steps per epoch, and evaluation take the heuristics.
+// input shape. For resnet18 that takes seconds per shape, after which its replayed step ran faster
+// than with cuDNN's heuristics. Tuning every shape also tuned the epoch's last, partial batch and
+// the evaluation batches, inside the timed steps: one partial batch's tuning made the benchmark's
+// resnet18 row much slower (bench/results-notes.md, Note [cuDNN autotuning]). So only the full
+// micro-batch is tuned (in the eager steps before the capture, which then finds its algorithms
+// chosen); other shapes, a few steps per epoch, and evaluation take the heuristics.
 // Whether cuDNN autotunes the convolutions of a training micro-batch of `batch_size` samples.
 bool cudnn_autotunes(const TrainConfig& config, int64_t batch_size);
 
@@ -71,16 +70,16 @@ bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info
                               const std::optional<GpuMemory>& gpu);
 
 // Note [Evaluation batch]: evaluation keeps no activations for a backward pass, so on a GPU its
-// batches can be much larger than training's, and each batch costs about twenty launches
-// whatever its size: on an H200, the origin's evaluation (40 batches of 256) and epoch end took
-// 8-19 ms an epoch, while its arithmetic is well under a millisecond. --eval-batch gives the
-// size; auto (0) takes, on a GPU, as many samples as kAutoEvalInputBytes of float32 input hold,
-// from 256 (large images) to 4096 (Fashion-MNIST: 3 batches of the test split instead of 40).
-// On the CPU, where a batch costs no launches and large ones fall out of the caches (the
-// origin's evaluation took 27 s in batches of 4096 against 20 s in batches of 256 on a 2-core
-// machine), auto stays at 256. A batch never exceeds a rank's share of the test split, so small
-// test splits stage no unused buffers. The results do not depend on the size beyond the sums'
-// order.
+// batches can be much larger than training's, and each batch costs about twenty launches whatever
+// its size: the origin's evaluation (40 batches of 256) and epoch end took many times as long an
+// epoch as its arithmetic (well under a millisecond) needs. --eval-batch gives the size; auto (0)
+// takes, on a GPU, as many samples as kAutoEvalInputBytes of float32 input hold, from 256 (large
+// images) to 4096 (Fashion-MNIST: 3 batches of the test split instead of 40). On the CPU, where a
+// batch costs no launches and large ones fall out of the caches (the origin's evaluation ran
+// slower in batches of 4096 than in batches of 256; this and the GPU's figure:
+// bench/results-notes.md, Note [Evaluation batch]), auto stays at 256. A batch never exceeds a
+// rank's share of the test split, so small test splits stage no unused buffers. The results do not
+// depend on the size beyond the sums' order.
 inline constexpr int64_t kAutoEvalInputBytes = int64_t{16} << 20;
 inline constexpr int64_t kMinAutoEvalBatch = 256;  // and the CPU's
 inline constexpr int64_t kMaxAutoEvalBatch = 4096;

@@ -24,10 +24,11 @@ namespace hpc_train {
 // Note [Reused host copy]
 // A checkpoint's state is copied from the device into host memory. Memory the process has not
 // touched before costs a page fault per 4 KiB page on first write: a fresh copy of simple_cnn's
-// 6.5 MB state took 50-65 ms of a CPU rank's time (this VM's faults are slow), and 8-26 ms of the
-// H200 machine's steps at every epoch-end checkpoint. So the fill_ functions write into what
-// their output already holds (vectors keep their capacity), and RunCheckpoints keeps one host
-// copy for the whole run: from the second checkpoint on, no new pages.
+// 6.5 MB state cost a CPU rank a noticeable time (more where faults are slow, as in a VM), and
+// held up a GPU run's steps at every epoch-end checkpoint
+// (bench/results-notes.md, Note [Reused host copy]). So the fill_ functions write into what their
+// output already holds (vectors keep their capacity), and RunCheckpoints keeps one host copy for
+// the whole run: from the second checkpoint on, no new pages.
 
 // The model's state_dict (parameters, then buffers) in fp32 on the host, as checkpoints and
 // weight exports hold it; integral buffers (num_batches_tracked) stay int64. Into `state`,
@@ -89,8 +90,8 @@ void broadcast_buffers(TrainableModel& model, Communicator& comm);
 
 // Note [Background checkpoint writes]
 // Writing a checkpoint's file takes a while: HDF5, then an fsync of the file and its directory
-// (0.07-0.09 s a checkpoint for the origin's simple_cnn job on the H200 machine's disk, 0.8 s of
-// its 5.1 s of training). The steps need not wait for it: once the state is on the host, nothing of
+// (for the origin's simple_cnn job, with a checkpoint at every epoch's end, a sizeable share of
+// its training time). The steps need not wait for it: once the state is on the host, nothing of
 // the training changes it. So a periodic or epoch-end checkpoint gathers the state as before
 // (collectively), rank 0 alone copies it to the host (the other ranks keep no copy), and rank 0
 // writes the file on a thread of its own while the next steps run: write_checkpoint_file, HDF5's
@@ -104,8 +105,8 @@ void broadcast_buffers(TrainableModel& model, Communicator& comm);
 // temporary file, which --resume auto passes over. The price: rank 0 writes the whole file alone,
 // never as one collective MPI-IO write, and keeps a host copy of the state for the rest of the
 // run (Note [Reused host copy], which the next checkpoint writes over once this file is
-// written). The origin's job trained in 4.4-4.6 s with its checkpoints written so (4.3 s
-// without any).
+// written). With its checkpoints written so, the origin's job trained in nearly the time it takes
+// without any (bench/results-notes.md, Note [Background checkpoint writes]).
 
 // A run's checkpoints, in its run directory (checkpoint_files.h). Every rank holds one; the
 // calls are collective.

@@ -99,8 +99,9 @@ void Reducer::reset_buckets() {
   if (!options_.reduce_scatter) return;
   // In a world of one a rank's slice of a bucket is the whole bucket, and the partition order is
   // the flat order: the reduce-scatter runs in place on the flat gradients, with no second
-  // buffer and no copy (seen on the H200 through NCCL: an out-of-place one-rank reduce-scatter
-  // is a copy that cost simple_cnn 8% of its step).
+  // buffer and no copy (through NCCL an out-of-place one-rank reduce-scatter is a copy, a
+  // noticeable share of a small network's step: bench/results-notes.md, reducer.cpp in-place
+  // reduce-scatter).
   partition_grads_ = comm_.size() == 1
                          ? flat_.grads()
                          : at::zeros({layout.partition_numel}, flat_.grads().options());

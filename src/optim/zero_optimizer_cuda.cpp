@@ -68,9 +68,10 @@ void write_step_state(at::Tensor& device_state, const FusedStepState& state) {
 
 // Each segment costs both kernels a pass of their grid-stride loops and a scalar head and tail.
 // Slices that follow each other in all three buffers are one segment: in a world of one, ZeRO's
-// slices are the whole buckets, back to back, and its table is stage 0's single segment. (On an
-// H100, simple_cnn's two buckets as two segments took the Adam update 19.3-19.7 us against stage
-// 0's 17.6, and the sum of squares 5.3-5.6 us against 4.9: about 1% of its step.)
+// slices are the whole buckets, back to back, and its table is stage 0's single segment. (With
+// simple_cnn's two buckets as two segments, the Adam update and the sum of squares each took
+// longer than stage 0's single segment, a small but measurable share of its step:
+// bench/results-notes.md, zero_optimizer_cuda.cpp segments.)
 void append_segment(std::vector<FusedSegment>& segments, const FusedSegment& next) {
   if (!segments.empty()) {
     FusedSegment& last = segments.back();

@@ -46,8 +46,9 @@ Trainer::Impl::Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_com
   comm.set_timeout(config.comm_timeout_s);
   const DatasetInfo& info = dataset.info();
   // Note [Resident upload beside the model]: the resident splits are read and copied to the
-  // device on a thread of their own while the model and the optimizer are built (on the H200,
-  // 0.14 s of Fashion-MNIST's start-up came after them); the data phase waits for it.
+  // device on a thread of their own while the model and the optimizer are built (the upload,
+  // a visible part of Fashion-MNIST's start-up, had come after them: bench/results-notes.md,
+  // Note [Resident upload beside the model]); the data phase waits for it.
   train_input.emplace(info, device, dtype, default_augmentation(info, config.augment),
                       config.seed, comm.rank(), config.micro_batch);
   channels_last = placement.cuda && config.channels_last;

@@ -68,10 +68,10 @@ double TrainingStep::take_loss_sum() {
 
 // Note [Training step warm-up]
 // CUDA loads a library's kernels (one fatbinary of cuDNN, cuBLAS, LibTorch or hpc_train) at the
-// first launch of one of them, 1-60 ms each: on an H100, the origin's first step spent about
-// 0.15 s of its 0.2 s in such loads, on autograd's thread, after the model phase had spent most
-// of its 0.25 s in its own. The driver loads on several threads at once (three groups of first
-// uses took 0.23-0.31 s on three threads against 0.44-0.63 s on one). So on a GPU, while the
+// first launch of one of them: the origin's first step spent most of its time in such loads, on
+// autograd's thread, after the model phase had spent most of its own in its loads. The driver
+// loads on several threads at once: three groups of first uses finished sooner on three threads
+// than on one (bench/results-notes.md, Note [Training step warm-up]). So on a GPU, while the
 // trainer's thread runs the check and the evaluation's first use (Note [One evaluation shape]
 // in evaluation.h), a second thread runs one training step's forward and backward on a twin of
 // the model at the micro-batch's shape and layout; the model phase waits for both. The twin is

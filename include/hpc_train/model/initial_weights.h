@@ -12,7 +12,7 @@
 // Each tensor is converted from its dtype in the file (F64, F32, F16, BF16, the integer types,
 // BOOL) to the model's; an integer buffer (num_batches_tracked) takes floating-point values
 // only when they are whole numbers (a 16-bit run's export stores that count as F32). Every
-// rank loads the file, before the broadcast of rank 0's parameters and buffers (trainer.cpp),
+// rank loads the file, before the broadcast of rank 0's parameters and buffers (trainer_setup.cpp),
 // so a file that does not fit stops every rank alike.
 #pragma once
 

@@ -48,7 +48,7 @@ struct StepBreakdown {
   double comm_wait_ms = 0.0;   // exposed communication: waiting after backward
   double optimizer_ms = 0.0;   // unscale, clip, update, all-gather
   double comm_bytes_per_step = 0.0;
-  double busbw_gb_s = 0.0;     // nccl-tests' bus bandwidth, a lower bound (see trainer.cpp)
+  double busbw_gb_s = 0.0;     // nccl-tests' bus bandwidth, a lower bound (IntervalTimes)
   nlohmann::json to_json() const;
 };
 

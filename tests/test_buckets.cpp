@@ -110,3 +110,27 @@ TEST(BucketLayout, EveryParameterExactlyOnce) {
   twice[1].parameters = {0};
   EXPECT_THROW(make_bucket_layout(twice, {4, 4}, 2), Error);
 }
+
+// A rank's partition is its slice of each bucket: the layout above ({0}, {1, 2}; buckets of 48
+// padded elements at 0 and 48, slices of 16) at 3 ranks.
+TEST(Partition, EachRanksSliceOfEveryBucket) {
+  const std::vector<int64_t> numels = {7, 5, 4};
+  const BucketLayout layout = make_bucket_layout(assign_buckets(fp32(numels), 28, 40), numels, 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    const Partition partition = partition_of(layout, rank);
+    ASSERT_EQ(partition.slices.size(), 2u);
+    EXPECT_EQ(partition.slices[0].flat_offset, 16 * rank);
+    EXPECT_EQ(partition.slices[1].flat_offset, 48 + 16 * rank);
+    EXPECT_EQ(partition.slices[0].partition_offset, 0);
+    EXPECT_EQ(partition.slices[1].partition_offset, 16);
+    EXPECT_EQ(partition.slices[0].numel, 16);
+    EXPECT_EQ(partition.numel, 32);
+    EXPECT_EQ(partition.flat_numel, 96);
+  }
+  // In a world of one the partition is the flat buffer, slice for bucket.
+  const Partition whole = partition_of(make_bucket_layout(layout.buckets, numels, 1), 0);
+  for (const Partition::Slice& slice : whole.slices)
+    EXPECT_EQ(slice.flat_offset, slice.partition_offset);
+  EXPECT_EQ(whole.numel, whole.flat_numel);
+  EXPECT_THROW(partition_of(layout, 3), Error);
+}

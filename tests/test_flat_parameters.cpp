@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 
 namespace {
 

@@ -37,7 +37,7 @@
 
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/error.h"
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 #include "hpc_train/optim/fused_optimizer.h"
 #include "hpc_train/optim/loss_scaler.h"
 #include "hpc_train/optim/optimizer.h"

@@ -22,7 +22,7 @@
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/data/dataset_file.h"
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 #include "hpc_train/optim/zero_optimizer.h"
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/test_hooks.h"

@@ -336,6 +336,48 @@ TEST(ZeroStepPolicy, ScalerScheduleAndZeroedGradientsOnTheHost) {
   EXPECT_EQ(continued.loss_scale, last.loss_scale);
 }
 
+// The reducer owns the layout and its rebuild; the optimizer, told around it (LayoutObserver),
+// carries its state into the new partition. Parameters a, b, c, each a bucket of its own, start
+// in reverse order (c, b, a); a backward that makes a ready first, then b, then c rebuilds them as
+// (a, b, c). The optimizer's state in the logical layout is then what it was, at every stage.
+TEST(ReducerRebuild, TheOptimizerStateFollowsTheNewLayout) {
+  Communicator comm(MPI_COMM_WORLD);
+  for (int stage = 0; stage <= 2; ++stage) {
+    std::vector<std::string> names = {"a", "b", "c"};
+    std::vector<at::Tensor> parameters = {torch::arange(15.0).reshape({5, 3}).requires_grad_(),
+                                          torch::arange(7.0).requires_grad_(),
+                                          torch::arange(4.0).requires_grad_()};
+    ReducerOptions reducer_options;
+    reducer_options.first_bucket_bytes = reducer_options.bucket_bytes = 4;  // one each
+    reducer_options.reduce_scatter = stage == 2;
+    BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
+    FlatParameters flat(names, parameters, std::move(layout));
+    Reducer reducer(flat, comm, reducer_options);
+    ZeroOptions options;
+    options.stage = stage;
+    ZeroOptimizer optimizer(flat, reducer, comm, options);
+    reducer.begin_backward(true);
+    // Autograd runs the nodes made last first: a's gradient is ready first.
+    const at::Tensor c_term = (parameters[2] * parameters[2]).sum();
+    const at::Tensor b_term = (parameters[1] * 3.0).sum();
+    const at::Tensor a_term = (parameters[0] * parameters[0] * 0.5).sum();
+    (c_term + b_term + a_term).backward();
+    reducer.finish_backward();
+    optimizer.step();
+    const FullOptimizerState before = optimizer.gather_full_state();
+    const at::Tensor values_before = flat.to_logical(flat.values()).clone();
+    ASSERT_TRUE(reducer.rebuild_buckets()) << "stage " << stage;
+    EXPECT_EQ(flat.layout().buckets.front().parameters, std::vector<int>{0});
+    const FullOptimizerState after = optimizer.gather_full_state();
+    EXPECT_TRUE(torch::equal(after.master, before.master)) << "stage " << stage;
+    EXPECT_TRUE(torch::equal(after.exp_avg, before.exp_avg)) << "stage " << stage;
+    EXPECT_TRUE(torch::equal(after.exp_avg_sq, before.exp_avg_sq)) << "stage " << stage;
+    EXPECT_EQ(after.steps, before.steps);
+    EXPECT_TRUE(torch::equal(flat.to_logical(flat.values()), values_before)) << "stage " << stage;
+    EXPECT_FALSE(reducer.rebuild_buckets()) << "the same order again: nothing changes";
+  }
+}
+
 // Note [Failed capture] (step_graph.h), the reducer's part: a backward that throws half-way, with
 // a bucket started (its collective in flight where there are peers) and gradients of a bucket
 // not yet started still in `.grad`, is forgotten by discard_backward, and the next backward

@@ -95,4 +95,18 @@ BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
   return layout;
 }
 
+Partition partition_of(const BucketLayout& layout, int rank) {
+  if (rank < 0 || rank >= layout.world_size)
+    throw Error("partition_of: rank " + std::to_string(rank) + " of a world of " +
+                std::to_string(layout.world_size));
+  Partition partition;
+  for (const BucketLayout::Span& span : layout.spans)
+    if (span.slice_numel > 0)
+      partition.slices.push_back(
+          {span.offset + rank * span.slice_numel, span.partition_offset, span.slice_numel});
+  partition.numel = layout.partition_numel;
+  partition.flat_numel = layout.total_numel;
+  return partition;
+}
+
 }  // namespace hpc_train

@@ -95,6 +95,7 @@ void Reducer::reset_buckets() {
   bucket_of_.assign(flat_.parameters().size(), -1);
   for (size_t b = 0; b < layout.buckets.size(); ++b)
     for (int p : layout.buckets[b].parameters) bucket_of_[p] = static_cast<int>(b);
+  partition_ = partition_of(layout, comm_.rank());
   partition_grads_ = at::Tensor();
   if (!options_.reduce_scatter) return;
   // In a world of one a rank's slice of a bucket is the whole bucket, and the partition order is
@@ -243,6 +244,30 @@ BucketLayout Reducer::rebuilt_layout() {
   return make_bucket_layout(
       assign_buckets(ready_order, options_.first_bucket_bytes, options_.bucket_bytes), numels,
       comm_.size());
+}
+
+bool Reducer::rebuild_buckets() {
+  BucketLayout layout = rebuilt_layout();
+  const BucketLayout& current = flat_.layout();
+  bool same = layout.buckets.size() == current.buckets.size();
+  for (size_t b = 0; same && b < layout.buckets.size(); ++b)
+    same = layout.buckets[b].parameters == current.buckets[b].parameters;
+  if (same) return false;
+  if (layout_observer_) layout_observer_->before_relayout();
+  flat_.relayout(std::move(layout));
+  reset_buckets();
+  if (layout_observer_) layout_observer_->after_relayout();
+  return true;
+}
+
+void Reducer::all_gather_slices(at::Tensor& flat_layout) {
+  if (comm_.size() == 1) return;  // its slices are the whole buckets
+  std::vector<Work> gathers;
+  for (size_t b = 0; b < flat_.layout().spans.size(); ++b) {
+    at::Tensor bucket = flat_.bucket_view(flat_layout, b);
+    gathers.push_back(comm_.all_gather_in_place(bucket));
+  }
+  for (Work& work : gathers) work.wait();
 }
 
 int64_t Reducer::gradient_bytes() const {

@@ -40,29 +40,35 @@ ZeroOptimizer::ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicato
   initial.exp_avg = at::zeros_like(initial.master);
   initial.exp_avg_sq = at::zeros_like(initial.master);
   load_full_state(initial);
+  reducer_.observe_layout(this);  // the reducer's re-layouts carry the state over
 }
+
+ZeroOptimizer::~ZeroOptimizer() { reducer_.stop_observing_layout(this); }
 
 bool ZeroOptimizer::separate_master() const {
   return flat_.values().scalar_type() != at::kFloat;
 }
 
-at::Tensor ZeroOptimizer::own_slice(const at::Tensor& flat, size_t b) const {
-  const BucketLayout::Span& span = flat_.layout().spans[b];
-  return flat.narrow(0, span.offset + comm_.rank() * span.slice_numel, span.slice_numel);
+at::Tensor ZeroOptimizer::own_slice(const at::Tensor& flat, const Partition::Slice& slice) {
+  return flat.narrow(0, slice.flat_offset, slice.numel);
 }
 
-at::Tensor ZeroOptimizer::partition_slice(const at::Tensor& partition, size_t b) const {
-  const BucketLayout::Span& span = flat_.layout().spans[b];
-  return partition.narrow(0, span.partition_offset, span.slice_numel);
+at::Tensor ZeroOptimizer::partition_slice(const at::Tensor& partition,
+                                          const Partition::Slice& slice) {
+  return partition.narrow(0, slice.partition_offset, slice.numel);
+}
+
+at::Tensor ZeroOptimizer::own_slices(const at::Tensor& flat) const {
+  std::vector<at::Tensor> slices;
+  for (const Partition::Slice& slice : reducer_.partition().slices)
+    slices.push_back(own_slice(flat, slice));
+  return at::cat(slices);
 }
 
 at::Tensor ZeroOptimizer::gradient_partition() {
   if (options_.stage == 0) return flat_.grads().to(at::kFloat);
   if (options_.stage == 2) return reducer_.partition_grads().to(at::kFloat);
-  std::vector<at::Tensor> slices;
-  for (size_t b = 0; b < flat_.layout().spans.size(); ++b)
-    slices.push_back(own_slice(flat_.grads(), b));
-  return at::cat(slices).to(at::kFloat);
+  return own_slices(flat_.grads()).to(at::kFloat);
 }
 
 at::Tensor ZeroOptimizer::loss_gradient(const at::Tensor& loss, double averaging) {
@@ -132,12 +138,7 @@ double ZeroOptimizer::all_gather_parameters() {
   // With one rank, its slices are the whole buckets already.
   if (!partitioned() || comm_.size() == 1) return 0.0;
   const Stopwatch gather;
-  std::vector<Work> gathers;
-  for (size_t b = 0; b < flat_.layout().spans.size(); ++b) {
-    at::Tensor bucket = flat_.bucket_view(flat_.values(), b);
-    gathers.push_back(comm_.all_gather_in_place(bucket));
-  }
-  for (Work& work : gathers) work.wait();
+  reducer_.all_gather_slices(flat_.values());
   return gather.elapsed_ms();
 }
 
@@ -192,12 +193,12 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
     if (master_.defined()) flat_.values().copy_(master_);
     return outcome;
   }
-  const size_t buckets = flat_.layout().spans.size();
-  for (size_t b = 0; b < buckets; ++b) {
-    at::Tensor target = master_.defined() ? partition_slice(master_, b) : own_slice(flat_.values(), b);
-    adam_update(target, partition_slice(grads, b), partition_slice(exp_avg_, b),
-                partition_slice(exp_avg_sq_, b), steps_, lr, options_.adam);
-    if (master_.defined()) own_slice(flat_.values(), b).copy_(target);
+  for (const Partition::Slice& slice : reducer_.partition().slices) {
+    at::Tensor target =
+        master_.defined() ? partition_slice(master_, slice) : own_slice(flat_.values(), slice);
+    adam_update(target, partition_slice(grads, slice), partition_slice(exp_avg_, slice),
+                partition_slice(exp_avg_sq_, slice), steps_, lr, options_.adam);
+    if (master_.defined()) own_slice(flat_.values(), slice).copy_(target);
   }
   outcome.gather_ms = all_gather_parameters();
   return outcome;
@@ -208,15 +209,11 @@ int64_t ZeroOptimizer::state_bytes() const {
 }
 
 at::Tensor ZeroOptimizer::assemble_full(const at::Tensor& partition) {
-  at::Tensor full = at::zeros({flat_.layout().total_numel}, partition.options());
-  const size_t buckets = flat_.layout().spans.size();
-  for (size_t b = 0; b < buckets; ++b) own_slice(full, b).copy_(partition_slice(partition, b));
-  std::vector<Work> gathers;
-  for (size_t b = 0; b < buckets; ++b) {
-    at::Tensor bucket = flat_.bucket_view(full, b);
-    gathers.push_back(comm_.all_gather_in_place(bucket));
-  }
-  for (Work& work : gathers) work.wait();
+  const Partition& own = reducer_.partition();
+  at::Tensor full = at::zeros({own.flat_numel}, partition.options());
+  for (const Partition::Slice& slice : own.slices)
+    own_slice(full, slice).copy_(partition_slice(partition, slice));
+  reducer_.all_gather_slices(full);
   return full;
 }
 
@@ -238,10 +235,7 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   const at::Device device = flat_.values().device();
   auto local = [&](const at::Tensor& logical) {
     at::Tensor full = flat_.from_logical(logical.to(device, at::kFloat));
-    if (!partitioned()) return full;
-    std::vector<at::Tensor> slices;
-    for (size_t b = 0; b < flat_.layout().spans.size(); ++b) slices.push_back(own_slice(full, b));
-    return at::cat(slices);
+    return partitioned() ? own_slices(full) : full;
   };
   steps_ = state.steps;
   exp_avg_ = local(state.exp_avg);
@@ -256,18 +250,11 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   }
 }
 
-bool ZeroOptimizer::rebuild_buckets() {
-  BucketLayout layout = reducer_.rebuilt_layout();
-  const BucketLayout& current = flat_.layout();
-  bool same = layout.buckets.size() == current.buckets.size();
-  for (size_t b = 0; same && b < layout.buckets.size(); ++b)
-    same = layout.buckets[b].parameters == current.buckets[b].parameters;
-  if (same) return false;
-  const FullOptimizerState state = gather_full_state();
-  flat_.relayout(std::move(layout));
-  reducer_.reset_buckets();
-  load_full_state(state);  // re-partitions for the new layout
-  return true;
+void ZeroOptimizer::before_relayout() { state_across_relayout_ = gather_full_state(); }
+
+void ZeroOptimizer::after_relayout() {
+  load_full_state(state_across_relayout_);  // re-partitions for the new layout
+  state_across_relayout_ = FullOptimizerState{};
 }
 
 // Note [Test hooks]: the steps underneath the policy, for the tests.

@@ -101,17 +101,16 @@ void ZeroOptimizer::create_device_buffers() {
 
 void ZeroOptimizer::prepare_device_layout() {
   const c10::cuda::CUDAGuard guard(flat_.values().device());
-  const BucketLayout& layout = flat_.layout();
+  const Partition& partition = reducer_.partition();
   std::vector<FusedSegment> segments;
   if (!partitioned()) {
-    segments.push_back({layout.total_numel, 0, 0, 0});
+    segments.push_back({partition.flat_numel, 0, 0, 0});
   } else {
-    for (const BucketLayout::Span& span : layout.spans) {
-      if (span.slice_numel == 0) continue;
-      const int64_t own = span.offset + comm_.rank() * span.slice_numel;  // as own_slice
+    for (const Partition::Slice& slice : partition.slices) {
       // Stage 2's gradients are the reducer's partition, laid out as the moments are.
-      const int64_t grad_offset = options_.stage == 2 ? span.partition_offset : own;
-      append_segment(segments, {span.slice_numel, grad_offset, span.partition_offset, own});
+      const int64_t grad_offset = options_.stage == 2 ? slice.partition_offset : slice.flat_offset;
+      append_segment(segments,
+                     {slice.numel, grad_offset, slice.partition_offset, slice.flat_offset});
     }
   }
   int64_t partition_numel = 0;

@@ -184,7 +184,7 @@ void Trainer::Impl::start_run(RunProgress& run) {
 // The first step that was taken decides the bucket layout (a read of the GPU, once).
 void Trainer::Impl::rebuild_buckets_once() {
   if (buckets_rebuilt || optimizer->report().last_overflow) return;
-  optimizer->rebuild_buckets();
+  reducer->rebuild_buckets();  // the optimizer carries its state over (LayoutObserver)
   buckets_rebuilt = true;
 }
 

@@ -15,7 +15,7 @@
 #include "hpc_train/data/epoch_batches.h"
 #include "hpc_train/data/epoch_plan.h"
 #include "hpc_train/data/sample_store.h"
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 #include "hpc_train/model/models.h"
 #include "hpc_train/monitor/gpu_monitor.h"
 #include "hpc_train/monitor/metrics.h"

@@ -80,4 +80,22 @@ struct BucketLayout {
 BucketLayout make_bucket_layout(std::vector<Bucket> buckets,
                                 const std::vector<int64_t>& parameter_numels, int world_size);
 
+// One rank's ZeRO partition of the flat buffers: its slice of every bucket (Note [Bucket
+// layout]), which is all the optimizer sees of a layout. Slices are in bucket order, each
+// `numel` elements at `flat_offset` in the flat buffers and at `partition_offset` in a partition
+// tensor (which holds them back to back, `numel` elements in all); empty slices are left out.
+struct Partition {
+  struct Slice {
+    int64_t flat_offset = 0;
+    int64_t partition_offset = 0;
+    int64_t numel = 0;
+  };
+  std::vector<Slice> slices;
+  int64_t numel = 0;       // the partition's elements
+  int64_t flat_numel = 0;  // the flat buffers' elements, padding included
+};
+
+// Rank `rank`'s partition of `layout`.
+Partition partition_of(const BucketLayout& layout, int rank);
+
 }  // namespace hpc_train

@@ -10,8 +10,11 @@
 // because MPI and NCCL match collectives by issue order. The step then waits only for what is
 // still in flight (finish_backward).
 //
-// After the first synchronised backward, the buckets can be rebuilt in the order in which the
-// gradients really became ready (rank 0's order, so every rank rebuilds alike).
+// The reducer owns the bucket layout, as PyTorch's Reducer does: after the first synchronised
+// backward it rebuilds the buckets in the order in which the gradients really became ready (rank
+// 0's order, so every rank rebuilds alike), moving the flat buffers into the new layout. What
+// others keep per element of this rank's partition (the ZeRO optimizer's state) sees partitions
+// only (partition(), Partition in buckets.h) and is told around a re-layout (LayoutObserver).
 //
 // The reducer owns the gradients' dtypes (Note [Gradient precision] in flat_parameters.h): it
 // applies ReducerOptions::precision to the flat storage when it is made, sizes buckets by the
@@ -28,7 +31,7 @@
 
 #include "hpc_train/comm/buckets.h"
 #include "hpc_train/comm/comm.h"
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 #include "hpc_train/monitor/metrics.h"
 
 namespace hpc_train {
@@ -52,6 +55,18 @@ struct ReducerEvent {
   double time_ms = 0.0;
 
   std::string describe() const;  // "bucket 2 started", "backward ended", "all done"
+};
+
+// State laid out like the flat buffers or this rank's partition of them, kept outside the
+// reducer (the ZeRO optimizer's master weights and moments): told around a re-layout, so that it
+// can carry that state over (e.g. through the logical layout, flat_parameters.h).
+class LayoutObserver {
+ public:
+  virtual ~LayoutObserver() = default;
+  // Before the buffers move: partition() is still the old one. Collective.
+  virtual void before_relayout() = 0;
+  // After they moved: partition() is the new one. Collective.
+  virtual void after_relayout() = 0;
 };
 
 class Reducer {
@@ -86,11 +101,22 @@ class Reducer {
   // rank, the flat gradient buffer itself.
   at::Tensor& partition_grads() { return partition_grads_; }
 
-  // Collective: a layout whose buckets follow rank 0's observed ready order; the same as the
-  // current one when nothing changed. Call after a synchronised backward.
-  BucketLayout rebuilt_layout();
-  // Re-reads `flat`'s layout after flat.relayout().
-  void reset_buckets();
+  // This rank's partition of the current layout (its slice of every bucket).
+  const Partition& partition() const { return partition_; }
+  // Every rank's slice of every bucket of `flat_layout` (a tensor laid out like the flat
+  // buffers) to every rank, in place: after each rank has written its own slices (the ZeRO
+  // optimizer's updated parameters). Nothing to do with one rank. Collective.
+  void all_gather_slices(at::Tensor& flat_layout);
+
+  // After the first synchronised backward: rebuilds the buckets in rank 0's observed ready
+  // order, moving the flat buffers into that layout, with the observer (if any) told before and
+  // after. Returns whether the layout changed (nothing happens when it did not). Collective.
+  bool rebuild_buckets();
+  // The one observer of re-layouts; it must outlive the reducer or stop observing first.
+  void observe_layout(LayoutObserver* observer) { layout_observer_ = observer; }
+  void stop_observing_layout(const LayoutObserver* observer) {
+    if (layout_observer_ == observer) layout_observer_ = nullptr;
+  }
 
   const std::vector<ReducerEvent>& events() const { return events_; }
   // Bytes handed to collectives in the last synchronised backward (padded bucket sizes).
@@ -105,6 +131,10 @@ class Reducer {
 
  private:
   class ReadyHook;
+  // A layout whose buckets follow rank 0's observed ready order. Collective.
+  BucketLayout rebuilt_layout();
+  // Reads `flat`'s layout: bucket membership, the partition, the stage-2 partition buffer.
+  void reset_buckets();
   void mark_ready(int parameter);
   void start_ready_buckets();
   void start_bucket(size_t bucket);
@@ -129,6 +159,8 @@ class Reducer {
   bool collecting_ = false;  // this backward's hooks count ready parameters (sync, or fp32 sums)
   bool in_backward_ = false;
   at::Tensor partition_grads_;
+  Partition partition_;
+  LayoutObserver* layout_observer_ = nullptr;
   std::vector<ReducerEvent> events_;
   int64_t bytes_last_backward_ = 0;
   double comm_span_ms_ = 0.0;

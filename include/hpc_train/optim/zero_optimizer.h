@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "hpc_train/comm/comm.h"
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 #include "hpc_train/optim/loss_scaler.h"
 #include "hpc_train/optim/lr_schedule.h"
 #include "hpc_train/optim/optimizer.h"
@@ -94,16 +94,23 @@ struct FullOptimizerState {
   int64_t steps = 0;
 };
 
-class ZeroOptimizer {
+// The optimizer sees the reducer's partition, never its layout: the reducer rebuilds the buckets
+// after the first step, and tells the optimizer around it (LayoutObserver), which carries its state
+// over through the logical layout.
+class ZeroOptimizer : private LayoutObserver {
  public:
+  // Registers with `reducer` as its LayoutObserver; `flat`, `reducer` and `comm` must outlive it.
   ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicator& comm, ZeroOptions options);
+  ~ZeroOptimizer() override;
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   // --- The step policy (see the top of this file).
   // The gradient to start `loss`'s backward from: the current loss scale x `averaging` (Note
-  // [Gradient averaging] in training_step.cpp), as if backward ran on loss x scale x averaging, a 0-dim
-  // tensor like `loss`. Starting from it spares that product, the ones autograd would start from
-  // and the product's backward: three launches of every step. On a GPU with fp16 it is the
-  // device scaler's scale, read when the step runs (no host sync, capturable); otherwise a
+  // [Gradient averaging] in training_step.cpp), as if backward ran on loss x scale x averaging,
+  // a 0-dim tensor like `loss`. Starting from it spares that product, the ones autograd would
+  // start from and the product's backward: three launches of every step. On a GPU with fp16 it is
+  // the device scaler's scale, read when the step runs (no host sync, capturable); otherwise a
   // constant, made once (outside a capture) and kept while it stays the same.
   at::Tensor loss_gradient(const at::Tensor& loss, double averaging);
   // One optimizer step with the owned schedule and scaler, then the gradients are zeroed. On a
@@ -128,12 +135,6 @@ class ZeroOptimizer {
 
   FullOptimizerState gather_full_state();  // collective
   void load_full_state(const FullOptimizerState& state);
-
-  // After the first step that was taken: the buckets follow the order in which the gradients
-  // became ready (Reducer::rebuilt_layout). The one place a layout changes: the flat storage,
-  // the reducer and this optimizer take it together, the state carried over. Returns whether
-  // it changed. Collective.
-  bool rebuild_buckets();
 
  private:
   friend struct TestHooks;  // the steps underneath (Note [Test hooks])
@@ -163,10 +164,16 @@ class ZeroOptimizer {
   bool on_device() const { return flat_.values().is_cuda(); }
   bool separate_master() const;
   at::Tensor gradient_partition();  // fp32 copy or view of this rank's reduced gradients
-  // This rank's piece of bucket `b` of a flat-layout tensor, and of a partition tensor.
-  at::Tensor own_slice(const at::Tensor& flat, size_t b) const;
-  at::Tensor partition_slice(const at::Tensor& partition, size_t b) const;
+  // A slice of this rank's partition in a flat-layout tensor, and in a partition tensor.
+  static at::Tensor own_slice(const at::Tensor& flat, const Partition::Slice& slice);
+  static at::Tensor partition_slice(const at::Tensor& partition, const Partition::Slice& slice);
+  // A flat-layout tensor's slices of this rank's partition, as a partition tensor (a copy).
+  at::Tensor own_slices(const at::Tensor& flat) const;
   at::Tensor assemble_full(const at::Tensor& partition);  // collective, flat layout
+  // LayoutObserver: the state leaves the old partition through the logical layout (gathered)
+  // and enters the new one.
+  void before_relayout() override;
+  void after_relayout() override;
   // Stages 1, 2: every rank's updated slices to every rank. Returns the milliseconds it took.
   double all_gather_parameters();
   // The device path (zero_optimizer_cuda.cpp; a CPU build's, zero_optimizer_cpu.cpp, throw).
@@ -183,6 +190,7 @@ class ZeroOptimizer {
   Reducer& reducer_;
   Communicator& comm_;
   ZeroOptions options_;
+  FullOptimizerState state_across_relayout_;  // between before_ and after_relayout
   int64_t steps_ = 0;  // steps applied, on the CPU (on a GPU the device state counts them)
   // step() on the CPU: steps taken or skipped, the last one's outcome and lr, the fp16 scaler.
   int64_t host_global_step_ = 0;

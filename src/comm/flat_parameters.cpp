@@ -1,4 +1,4 @@
-#include "hpc_train/model/flat_parameters.h"
+#include "hpc_train/comm/flat_parameters.h"
 
 #include <ATen/ATen.h>
 

@@ -139,7 +139,7 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.loss_scale_window, 1000);
   EXPECT_EQ(config.hysteresis, 2);
   EXPECT_EQ(config.min_loss_scale, 1.0);
-  EXPECT_EQ(config.bucket_mb, 25.0);
+  EXPECT_EQ(config.bucket_mb, 0.0);  // chosen by the ZeRO stage (test_run_options.cpp)
   EXPECT_EQ(config.first_bucket_mb, 1.0);
   EXPECT_TRUE(config.overlap_comm);
   // Checkpoints at epoch ends only, neither by steps nor by time.
@@ -496,7 +496,7 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--cosine-final-ratio X (=0)", "--schedule-steps N (=0)", "--zero-stage N (=0)",
         "--precision TEXT (=fp32)", "--loss-scale X (=0)", "--initial-scale-power N (=16)",
         "--loss-scale-window N (=1000)", "--hysteresis N (=2)", "--min-loss-scale X (=1)",
-        "--bucket-mb X (=25)", "--first-bucket-mb X (=1)",
+        "--bucket-mb X (=0)", "--first-bucket-mb X (=1)",
         "--overlap-comm [=true|false] (=true)", "Checkpoints [checkpoint]",
         "--checkpoint-every N (=0)", "--checkpoint-every-minutes X (=0)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
@@ -693,7 +693,8 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.hysteresis = 0; }, "--hysteresis 0: must be at least 1"},
       {[](TrainConfig& c) { c.min_loss_scale = 0; }, "--min-loss-scale 0: must be a finite "
                                                      "number > 0"},
-      {[](TrainConfig& c) { c.bucket_mb = 0; }, "--bucket-mb 0: must be a number of MiB"},
+      {[](TrainConfig& c) { c.bucket_mb = -1; }, "--bucket-mb -1: must be 0 (chosen by the ZeRO "
+                                               "stage) or a number of MiB"},
       {[](TrainConfig& c) { c.bucket_mb = std::nan(""); }, "--bucket-mb nan:"},
       {[](TrainConfig& c) { c.first_bucket_mb = -1; }, "--first-bucket-mb -1:"},
       {[](TrainConfig& c) { c.cuda_profiler_start_step = -1; },
@@ -769,7 +770,8 @@ TEST(Config, ValidateBoundsLossScaleAndBuckets) {
                     "8 "),
             std::string::npos);
   EXPECT_EQ(error([](TrainConfig& c) { c.bucket_mb = 2e6; }),
-            "--bucket-mb 2000000: must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 25");
+            "--bucket-mb 2000000: must be 0 (chosen by the ZeRO stage) or a number of MiB from "
+            "2^-20 (one byte) to 1e6, e.g. 25");
   EXPECT_NE(error([](TrainConfig& c) { c.bucket_mb = 1e-7; }).find("--bucket-mb 1e-07: must be"),
             std::string::npos);  // 0 bytes: no bucket could hold a gradient
   EXPECT_NE(error([](TrainConfig& c) { c.bucket_mb = std::numeric_limits<double>::infinity(); })

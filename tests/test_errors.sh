@@ -130,7 +130,7 @@ expect_refusal drop-last-share 2 "--drop-last: the train split of two.h5 (2 samp
 # than the node has, a DeepSpeed batch whose product overflows 64 bits.
 expect_refusal min-loss-scale 2 "--min-loss-scale 131072: must not exceed the dynamic loss scale's start, 2^16 = 65536" -- \
   --dataset small.h5 --max-steps 2 --micro-batch 16 --min-loss-scale 131072
-expect_refusal bucket-mb 2 "--bucket-mb 1e-07: must be a number of MiB from 2^-20 (one byte) to 1e6" -- \
+expect_refusal bucket-mb 2 "--bucket-mb 1e-07: must be 0 (chosen by the ZeRO stage) or a number of MiB" -- \
   --dataset small.h5 --max-steps 2 --micro-batch 16 --bucket-mb 1e-7
 # 100000 threads a rank stalled the start: nothing was printed in 120 s.
 expect_refusal threads-per-rank 2 "--threads-per-rank 100000: more than the" -- \

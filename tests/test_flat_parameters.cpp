@@ -169,7 +169,7 @@ TEST(FlatParameters, Fp32AccumulationAddsMicroStepsInFp32) {
         torch::zeros({3}, torch::kBFloat16).requires_grad_(),
         torch::zeros({2}, torch::kBFloat16).requires_grad_()};
     hpc_train::FlatParameters flat({"a", "b"}, parameters, layout_of({{1}, {0}}, {3, 2}, 1));
-    flat.set_gradient_precision(precision);
+    flat.set_gradient_storage(precision);
     for (int k = 0; k < 8; ++k) {
       if (relayout_midway && k == 4) flat.relayout(layout_of({{0, 1}}, {3, 2}, 2));
       const float g = k == 0 ? 256.0f : 1.0f;
@@ -215,7 +215,7 @@ TEST(FlatParameters, Fp32AccumulationAddsMicroStepsInFp32) {
   // An fp32 model: both are what happens anyway.
   std::vector<at::Tensor> fp32 = {torch::zeros({3}).requires_grad_()};
   hpc_train::FlatParameters flat({"a"}, fp32, layout_of({{0}}, {3}, 1));
-  flat.set_gradient_precision({true, true});
+  flat.set_gradient_storage({true, true});
   EXPECT_FALSE(flat.collects_every_micro_step());
   EXPECT_EQ(flat.grads().scalar_type(), torch::kFloat);
   EXPECT_EQ(flat.gradient_bytes(), flat.layout().total_numel * 4);

@@ -546,7 +546,7 @@ struct DeviceModel {
     ReducerOptions reducer_options;
     reducer_options.first_bucket_bytes = 512;
     reducer_options.bucket_bytes = 4096;
-    reducer_options.reduce_scatter = stage == 2;
+    reducer_options.reduction = reduction_for_zero_stage(stage);
     flat = std::make_unique<FlatParameters>(
         names, parameters, Reducer::initial_layout(parameters, reducer_options, comm.size()));
     reducer = std::make_unique<Reducer>(*flat, comm, reducer_options);

@@ -87,6 +87,7 @@ struct Window {
   int64_t gradient_bytes = 0;
   int64_t total_numel = 0;
   int64_t partition_numel = 0;
+  int64_t staging_numel = 0;  // partitioned: each staging buffer's elements
   at::ScalarType grad_dtype = at::kFloat;
   StepOutcome outcome;  // of the step after the window, when asked for
 };
@@ -107,7 +108,7 @@ Window run_window(Communicator& comm, at::ScalarType dtype, GradientPrecision pr
   ReducerOptions reducer_options;
   reducer_options.first_bucket_bytes = 512;
   reducer_options.bucket_bytes = 2048;
-  reducer_options.reduce_scatter = stage == 2;
+  reducer_options.reduction = reduction_for_zero_stage(stage);
   reducer_options.precision = precision;
   BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
   FlatParameters flat(names, parameters, std::move(layout));
@@ -132,6 +133,7 @@ Window run_window(Communicator& comm, at::ScalarType dtype, GradientPrecision pr
   window.gradient_bytes = reducer.gradient_bytes();
   window.total_numel = flat.layout().total_numel;
   window.partition_numel = flat.layout().partition_numel;
+  window.staging_numel = reducer.staging_numel();
   at::Tensor full = flat.grads();
   if (stage == 2 && comm.size() > 1) {
     // Every rank's partition into one flat tensor (Note [Bucket layout]).
@@ -202,7 +204,10 @@ TEST_P(GradientPrecisionTest, Fp32AccumulationAndReductionAreCloserToTheFp32Run)
     EXPECT_LT(error_fp32, error_16 / 3) << what << ", ZeRO " << stage;
     EXPECT_LT(error_accumulate, error_16) << what << ", ZeRO " << stage;
     EXPECT_EQ(sixteen.grad_dtype, dtype);
-    EXPECT_EQ(accumulate.grad_dtype, dtype);  // rounded once, for the 16-bit collective
+    // Rounded once, for the 16-bit collective; but partitioned, each micro-step is reduced in 16
+    // bits and the partition adds them up in fp32 (Note [Partitioned gradients]).
+    const bool partitioned = stage == 2 && comm.size() > 1;
+    EXPECT_EQ(accumulate.grad_dtype, partitioned ? at::kFloat : dtype);
     EXPECT_EQ(reduce.grad_dtype, at::kFloat);
     EXPECT_EQ(both.grad_dtype, at::kFloat);
   }
@@ -210,23 +215,26 @@ TEST_P(GradientPrecisionTest, Fp32AccumulationAndReductionAreCloserToTheFp32Run)
 
 // Note [Gradient precision]: the buffers' bytes, which the memory figures report
 // (Reducer::gradient_bytes -> MemoryBytes::gradients): 4 bytes an element for fp32 gradients and
-// for a separate fp32 accumulation buffer, 2 for 16-bit ones; ZeRO 2's partition in the
-// gradients' dtype, apart from the flat buffer when there are several ranks.
+// for a separate fp32 accumulation buffer, 2 for 16-bit ones. With several ranks ZeRO 2 keeps no
+// flat buffer but its partition (fp32 where either option is) and two staging buckets in the
+// dtype the collectives move (Note [Partitioned gradients]).
 TEST_P(GradientPrecisionTest, MemoryFiguresCountTheFp32Buffers) {
   const at::ScalarType dtype = GetParam();
   if (dtype == at::kHalf && !fp16_runs_here()) GTEST_SKIP() << "no fp16 arithmetic on this device";
   Communicator comm(MPI_COMM_WORLD, test_backend(), 0);
   const std::vector<std::vector<torch::Tensor>> inputs = micro_step_inputs(comm.rank());
   for (int stage : {0, 2}) {
-    const int64_t partitions = stage == 2 && comm.size() > 1 ? 1 : 0;
+    const bool partitioned = stage == 2 && comm.size() > 1;
     for (const GradientPrecision precision :
          {GradientPrecision{false, false}, GradientPrecision{true, false},
           GradientPrecision{false, true}, GradientPrecision{true, true}}) {
       const Window w = run_window(comm, dtype, precision, stage, inputs);
       const int64_t grad_bytes = precision.reduce_fp32 ? 4 : 2;
       const int64_t separate_sum = precision.accumulate_fp32 && !precision.reduce_fp32 ? 4 : 0;
-      EXPECT_EQ(w.gradient_bytes, w.total_numel * (grad_bytes + separate_sum) +
-                                      partitions * w.partition_numel * grad_bytes)
+      const int64_t partition_bytes = precision.accumulate_fp32 || precision.reduce_fp32 ? 4 : 2;
+      EXPECT_EQ(w.gradient_bytes,
+                partitioned ? w.partition_numel * partition_bytes + 2 * w.staging_numel * grad_bytes
+                            : w.total_numel * (grad_bytes + separate_sum))
           << "ZeRO " << stage << ", accumulate fp32 " << precision.accumulate_fp32
           << ", reduce fp32 " << precision.reduce_fp32;
       if (comm.rank() == 0 && stage == 2)
@@ -251,7 +259,9 @@ INSTANTIATE_TEST_SUITE_P(Precisions, GradientPrecisionTest,
 // optimizer reads. Eight micro-steps of 10,000 sum to 80,000 on each rank: beyond fp16's 65,504,
 // so the 16-bit path overflows and skips the step, while the fp32 sum is finite and the step is
 // taken, as in the fp32 run. With a 16-bit reduction the fp32 sum is rounded into fp16 and
-// overflows there. A real inf in one micro-step of one rank still skips the step everywhere.
+// overflows there; except where ZeRO 2 partitions the gradients, which reduces each micro-step
+// (30,000 at 3 ranks, in range) and adds them up in the fp32 partition (Note [Partitioned
+// gradients]). A real inf in one micro-step of one rank still skips the step everywhere.
 TEST(GradientPrecisionOverflow, Fp16OverflowCheckSeesTheFp32Sum) {
   if (!fp16_runs_here()) GTEST_SKIP() << "no fp16 arithmetic on this device";
   Communicator comm(MPI_COMM_WORLD, test_backend(), 0);
@@ -265,9 +275,12 @@ TEST(GradientPrecisionOverflow, Fp16OverflowCheckSeesTheFp32Sum) {
     EXPECT_TRUE(run_window(comm, at::kHalf, {false, false}, stage, inputs, scale, true, true)
                     .outcome.overflow)
         << what;
-    EXPECT_TRUE(run_window(comm, at::kHalf, {true, false}, stage, inputs, scale, true, true)
-                    .outcome.overflow)
-        << what << ": the fp32 sum rounded into fp16 is inf";
+    const bool partitioned = stage == 2 && comm.size() > 1;
+    EXPECT_EQ(run_window(comm, at::kHalf, {true, false}, stage, inputs, scale, true, true)
+                  .outcome.overflow,
+              !partitioned)
+        << what << (partitioned ? ": the partition's fp32 sum is finite"
+                                : ": the fp32 sum rounded into fp16 is inf");
     const StepOutcome fp32_path =
         run_window(comm, at::kHalf, {true, true}, stage, inputs, scale, true, true).outcome;
     const StepOutcome fp32_run =
@@ -307,14 +320,14 @@ TEST(GradientPrecisionFp32, Fp32RunsAreUnchangedBitForBit) {
 TEST(GradientPrecisionOptions, ReducerOptionsFromTheConfig) {
   TrainConfig config;
   config.precision = Precision::kBf16;
-  EXPECT_FALSE(reducer_options(config).precision.accumulate_fp32);
-  EXPECT_FALSE(reducer_options(config).precision.reduce_fp32);
+  EXPECT_FALSE(reducer_options(config, 1, 1000).precision.accumulate_fp32);
+  EXPECT_FALSE(reducer_options(config, 1, 1000).precision.reduce_fp32);
   config.grad_accum_dtype = GradientDtype::kFp32;
   config.comm_dtype = GradientDtype::kFp32;
-  EXPECT_FALSE(reducer_options(config).precision.accumulate_fp32) << "--grad-accum 1";
-  EXPECT_TRUE(reducer_options(config).precision.reduce_fp32);
+  EXPECT_FALSE(reducer_options(config, 1, 1000).precision.accumulate_fp32) << "--grad-accum 1";
+  EXPECT_TRUE(reducer_options(config, 1, 1000).precision.reduce_fp32);
   config.grad_accum = 4;
-  EXPECT_TRUE(reducer_options(config).precision.accumulate_fp32);
+  EXPECT_TRUE(reducer_options(config, 1, 1000).precision.accumulate_fp32);
 }
 
 // End to end through the trainer: bf16 simple_cnn, ZeRO 2, --grad-accum 4, both options fp32.
@@ -365,11 +378,17 @@ TEST(GradientPrecisionTraining, TrainerRunsWithFp32GradientsInBf16) {
     torch::Tensor root = fp32.clone();
     world.broadcast(root, 0).wait();
     EXPECT_TRUE(torch::equal(root, fp32)) << "every rank holds the same parameters";
-    // fp32 gradients (and partition) take twice the 16-bit ones' bytes; the buckets hold half as
-    // many elements, so the padding differs a little.
-    EXPECT_NEAR(static_cast<double>(fp32_memory.gradients),
-                2.0 * static_cast<double>(sixteen_memory.gradients),
-                0.02 * static_cast<double>(sixteen_memory.gradients));
+    // fp32 gradients take twice the 16-bit ones' bytes; the buckets hold half as many elements,
+    // so the padding differs a little. Partitioned (Note [Partitioned gradients]), the partition
+    // doubles and the two staging buffers stay, a bucket cap of bytes each.
+    const double parameters = static_cast<double>(fp32.numel());
+    if (world.size() == 1)
+      EXPECT_NEAR(static_cast<double>(fp32_memory.gradients),
+                  2.0 * static_cast<double>(sixteen_memory.gradients),
+                  0.02 * static_cast<double>(sixteen_memory.gradients));
+    else
+      EXPECT_NEAR(static_cast<double>(fp32_memory.gradients - sixteen_memory.gradients),
+                  2.0 * parameters / world.size(), 0.02 * 2.0 * parameters / world.size());
     EXPECT_NEAR(static_cast<double>(fp32_memory.optimizer_state),
                 static_cast<double>(sixteen_memory.optimizer_state),
                 0.01 * static_cast<double>(sixteen_memory.optimizer_state));  // padding only

@@ -127,4 +127,26 @@ TEST(RunOptions, EvaluationBatch) {
   EXPECT_EQ(hpc_train::evaluation_batch(config, fashion, 4, true), 2500);
 }
 
+// Note [Bucket size at ZeRO-2]: --bucket-mb 0 is 25 MiB, but where ZeRO-2 partitions the
+// gradients (stage 2 across ranks) an eighth of the gradient bytes, at most 4 MiB; a given size is
+// kept at every stage.
+TEST(RunOptions, BucketSizeFollowsTheStageUnlessGiven) {
+  TrainConfig config;
+  const int64_t resnet50_bf16 = 51'000'000, simple_cnn_fp32 = 6'520'360;
+  for (int stage : {0, 1, 2}) {
+    config.zero_stage = stage;
+    EXPECT_EQ(hpc_train::bucket_mib(config, 1, resnet50_bf16), 25.0) << "stage " << stage;
+    EXPECT_EQ(hpc_train::bucket_mib(config, 3, resnet50_bf16), stage == 2 ? 4.0 : 25.0);
+    EXPECT_DOUBLE_EQ(hpc_train::bucket_mib(config, 3, simple_cnn_fp32),
+                     stage == 2 ? simple_cnn_fp32 / 8.0 / (1 << 20) : 25.0);
+  }
+  config.precision = hpc_train::Precision::kBf16;  // 1,000 bf16 gradients: 250 bytes a bucket
+  EXPECT_EQ(hpc_train::reducer_options(config, 3, 1000).bucket_bytes, 250);
+  config.comm_dtype = hpc_train::GradientDtype::kFp32;  // the collectives move fp32
+  EXPECT_EQ(hpc_train::reducer_options(config, 3, 1000).bucket_bytes, 500);
+  config.bucket_mb = 25.0;
+  EXPECT_EQ(hpc_train::bucket_mib(config, 3, resnet50_bf16), 25.0) << "given: kept at stage 2";
+}
+
 }  // namespace
+

@@ -123,13 +123,22 @@ TEST_F(ZeroTest, StagesZeroOneTwoMatchTheSingleRankRun) {
         << "stage " << stage << ": " << memory[stage].optimizer_state << " bytes vs stage 0 "
         << memory[0].optimizer_state;
   }
+  // Stage 2 keeps its partition and two staging buffers of 50 KiB of the 622 KB of gradients,
+  // stage 1 the full buffer (Note [Partitioned gradients]; PartitionedGradients counts exactly).
+  if (world > 1)
+    EXPECT_LT(memory[2].gradients, memory[1].gradients)
+        << "stage 2: " << memory[2].gradients << " gradient bytes vs stage 1 " << memory[1].gradients;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0)
-    std::printf("optimizer state bytes per rank at %d ranks: stage 0 %lld, stage 1 %lld, stage 2 %lld\n",
-                world, static_cast<long long>(memory[0].optimizer_state),
-                static_cast<long long>(memory[1].optimizer_state),
-                static_cast<long long>(memory[2].optimizer_state));
+    for (const char* what : {"optimizer state", "gradient"}) {
+      const auto bytes = [&](int stage) {
+        return static_cast<long long>(what[0] == 'o' ? memory[stage].optimizer_state
+                                                     : memory[stage].gradients);
+      };
+      std::printf("%s bytes per rank at %d ranks: stage 0 %lld, stage 1 %lld, stage 2 %lld\n",
+                  what, world, bytes(0), bytes(1), bytes(2));
+    }
 }
 
 TEST_F(ZeroTest, GradientAccumulationMatchesTheLargerBatch) {
@@ -250,7 +259,7 @@ TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {
   std::vector<at::Tensor> parameters = {torch::ones({5, 3}).to(torch::kHalf).requires_grad_(),
                                         torch::ones({7}).to(torch::kHalf).requires_grad_()};
   ReducerOptions reducer_options;
-  reducer_options.reduce_scatter = true;
+  reducer_options.reduction = GradientReduction::kPartitioned;
   BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
   FlatParameters flat(names, parameters, std::move(layout));
   Reducer reducer(flat, comm, reducer_options);
@@ -260,8 +269,13 @@ TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {
   ZeroOptimizer optimizer(flat, reducer, comm, options);
   const torch::Tensor before = flat.values().clone();
 
-  flat.grads().fill_(0.5);
-  if (comm.rank() == comm.size() - 1) flat.grads()[3] = std::numeric_limits<float>::infinity();
+  // As backward leaves them: in `.grad`, whence the reducer collects them (partitioned, there
+  // is no flat gradient buffer to write into).
+  const auto set_grads = [&](bool overflow) {
+    for (at::Tensor& p : parameters) p.mutable_grad() = torch::full_like(p, 0.5);
+    if (overflow) parameters[0].mutable_grad()[1][0] = std::numeric_limits<float>::infinity();
+  };
+  set_grads(comm.rank() == comm.size() - 1);
   reducer.begin_backward(true);
   reducer.finish_backward();
   const StepOutcome outcome = TestHooks::step(optimizer, 1e-3, 1024.0);
@@ -269,7 +283,8 @@ TEST(ZeroOverflow, OneRankOverflowingSkipsTheStepEverywhere) {
   EXPECT_TRUE(torch::equal(flat.values(), before)) << "nothing may change on a skipped step";
   EXPECT_EQ(optimizer.steps_taken(), 0);
 
-  flat.grads().fill_(0.5);
+  flat.zero_grads();  // as the step policy does after every step
+  set_grads(false);
   reducer.begin_backward(true);
   reducer.finish_backward();
   EXPECT_FALSE(TestHooks::step(optimizer, 1e-3, 1024.0).overflow);
@@ -349,7 +364,7 @@ TEST(ReducerRebuild, TheOptimizerStateFollowsTheNewLayout) {
                                           torch::arange(4.0).requires_grad_()};
     ReducerOptions reducer_options;
     reducer_options.first_bucket_bytes = reducer_options.bucket_bytes = 4;  // one each
-    reducer_options.reduce_scatter = stage == 2;
+    reducer_options.reduction = reduction_for_zero_stage(stage);
     BucketLayout layout = Reducer::initial_layout(parameters, reducer_options, comm.size());
     FlatParameters flat(names, parameters, std::move(layout));
     Reducer reducer(flat, comm, reducer_options);
@@ -434,6 +449,101 @@ TEST(ReducerDiscard, ABackwardThatThrowsHalfWayLeavesNothingBehind) {
   clean_backward();
   EXPECT_TRUE(torch::equal(flat.grads(), reference))
       << "rank " << comm.rank() << ": the backward after the discarded one reduced other gradients";
+}
+
+// Note [Partitioned gradients]: at ZeRO-2 across ranks a rank keeps its partition of the reduced
+// gradients and two staging buffers of about a bucket, and no full-size buffer; a window of
+// micro-steps reduced one by one into the partition sums what stage 0's one all-reduce sums.
+// Stage 1's reduce-scatter leaves each rank's own slices of the flat buffer reduced. Buckets of
+// 64 elements: one of two parameters, the others alone, the larger ones (a channels-last weight
+// among them) in chunks, so that the ring turns over many times.
+TEST(PartitionedGradients, ThePartitionAndTwoBucketsHoldAWindowsReducedSum) {
+  Communicator comm(MPI_COMM_WORLD);
+  const std::vector<std::vector<int64_t>> shapes = {{37}, {5, 9}, {64}, {4, 3, 3, 3},
+                                                    {3, 11}, {100}, {7}};
+  const int64_t kBucketBytes = 64 * 4;
+  const int kMicroSteps = 3;
+  torch::manual_seed(5 + comm.rank());  // each rank its own samples
+  std::vector<std::vector<torch::Tensor>> inputs(kMicroSteps);
+  for (auto& micro_step : inputs)
+    for (const auto& shape : shapes) micro_step.push_back(torch::randn(shape) + comm.rank());
+
+  struct Reduced {
+    torch::Tensor logical;  // every rank's reduced partition, gathered, in the logical layout
+    int64_t gradient_bytes = 0;
+    bool flat_buffer = false;
+    int64_t expected_partitioned_bytes = 0;
+  };
+  const auto reduce_window = [&](GradientReduction reduction) {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> parameters;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      names.push_back("p" + std::to_string(i));
+      parameters.push_back(torch::zeros(shapes[i]).requires_grad_());
+    }
+    ReducerOptions options;
+    options.first_bucket_bytes = options.bucket_bytes = kBucketBytes;
+    options.reduction = reduction;
+    FlatParameters flat(names, parameters, Reducer::initial_layout(parameters, options, comm.size()),
+                        /*channels_last_weights=*/true);
+    Reducer reducer(flat, comm, options);
+    for (int k = 0; k < kMicroSteps; ++k) {
+      reducer.begin_backward(/*sync=*/k + 1 == kMicroSteps);
+      torch::Tensor loss = torch::zeros({});
+      for (size_t i = 0; i < shapes.size(); ++i) loss = loss + (parameters[i] * inputs[k][i]).sum();
+      loss.backward();
+      reducer.finish_backward();
+    }
+    const BucketLayout& layout = flat.layout();
+    const bool partitioned = reduction == GradientReduction::kPartitioned && comm.size() > 1;
+    // Each rank's reduced slices into a flat tensor, then every rank's to every rank.
+    torch::Tensor full = torch::zeros({layout.total_numel});
+    for (const Partition::Slice& slice : reducer.partition().slices) {
+      const torch::Tensor& source = partitioned ? reducer.partition_grads() : flat.grads();
+      const int64_t offset = partitioned ? slice.partition_offset : slice.flat_offset;
+      full.narrow(0, slice.flat_offset, slice.numel).copy_(source.narrow(0, offset, slice.numel));
+    }
+    if (reduction == GradientReduction::kAllReduce) full = flat.grads();
+    else reducer.all_gather_slices(full);
+    Reduced reduced;
+    reduced.logical = flat.to_logical(full);
+    reduced.gradient_bytes = reducer.gradient_bytes();
+    reduced.flat_buffer = flat.grads().defined();
+    // A staging buffer: a bucket of several parameters whole, one of a single parameter up to
+    // the cap in elements (rounded down to ranks x 16, at least that), the rest in chunks.
+    const int64_t granule = comm.size() * kSlotAlignmentElements;
+    const int64_t cap = std::max(granule, kBucketBytes / 4 / granule * granule);
+    int64_t staging = 0, largest_bucket = 0;
+    for (size_t b = 0; b < layout.spans.size(); ++b) {
+      const int64_t padded = layout.spans[b].padded_numel;
+      staging = std::max(staging, layout.buckets[b].parameters.size() > 1 ? padded
+                                                                          : std::min(padded, cap));
+      largest_bucket = std::max(largest_bucket, padded);
+    }
+    if (partitioned) EXPECT_GT(largest_bucket, staging) << "no bucket went in chunks";
+    reduced.expected_partitioned_bytes = (layout.partition_numel + 2 * staging) * 4;
+    return reduced;
+  };
+  const Reduced everywhere = reduce_window(GradientReduction::kAllReduce);
+  int64_t partitioned_bytes = 0;
+  for (GradientReduction reduction : {GradientReduction::kOwnSlices, GradientReduction::kPartitioned}) {
+    const Reduced reduced = reduce_window(reduction);
+    const std::string what = reduction == GradientReduction::kOwnSlices ? "stage 1" : "stage 2";
+    EXPECT_TRUE(torch::allclose(reduced.logical, everywhere.logical, 1e-6, 1e-5))
+        << what << ", rank " << comm.rank() << ": "
+        << (reduced.logical - everywhere.logical).abs().max().item<double>();
+    if (reduction == GradientReduction::kPartitioned) partitioned_bytes = reduced.gradient_bytes;
+    if (reduction == GradientReduction::kPartitioned && comm.size() > 1) {
+      EXPECT_FALSE(reduced.flat_buffer) << "stage 2 keeps no full-size gradient buffer";
+      EXPECT_EQ(reduced.gradient_bytes, reduced.expected_partitioned_bytes);
+    } else {
+      EXPECT_EQ(reduced.gradient_bytes, everywhere.gradient_bytes) << what;
+    }
+  }
+  if (comm.rank() == 0)
+    std::printf("gradient bytes per rank at %d ranks: all-reduce %lld, partitioned %lld\n",
+                comm.size(), static_cast<long long>(everywhere.gradient_bytes),
+                static_cast<long long>(partitioned_bytes));
 }
 
 }  // namespace

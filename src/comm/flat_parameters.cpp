@@ -32,8 +32,14 @@ FlatParameters::FlatParameters(std::vector<std::string> names, std::vector<at::T
 }
 
 // Note [Gradient precision]
-void FlatParameters::set_gradient_precision(GradientPrecision precision) {
+void FlatParameters::set_gradient_storage(GradientPrecision precision, bool full_buffer) {
   const at::ScalarType model_dtype = values_.scalar_type();
+  if (!full_buffer) {  // Note [Partitioned gradients] in reducer.h
+    accumulates_fp32_ = false;
+    grads_ = accumulation_ = at::Tensor();
+    zero_grads();
+    return;
+  }
   accumulates_fp32_ = precision.accumulate_fp32 && model_dtype != at::kFloat;
   const at::TensorOptions options = values_.options();
   const at::ScalarType grad_dtype = precision.reduce_fp32 ? at::kFloat : model_dtype;
@@ -47,9 +53,10 @@ void FlatParameters::set_gradient_precision(GradientPrecision precision) {
   zero_grads();
 }
 
-at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i) const {
+at::Tensor FlatParameters::parameter_view(const at::Tensor& flat, size_t i,
+                                          int64_t first_element) const {
   const BucketLayout::Slot& slot = layout_.slots[i];
-  const at::Tensor elements = flat.narrow(0, slot.offset, slot.numel);
+  const at::Tensor elements = flat.narrow(0, slot.offset - first_element, slot.numel);
   if (!channels_last_[i]) return elements.view(shapes_[i]);
   const std::vector<int64_t>& shape = shapes_[i];  // [O, I, kH, kW]
   return elements.view({shape[0], shape[2], shape[3], shape[1]}).permute({0, 3, 1, 2});
@@ -89,26 +96,47 @@ at::Tensor FlatParameters::from_logical(const at::Tensor& logical) const {
 
 void FlatParameters::relayout(BucketLayout layout) {
   const at::Tensor logical_values = to_logical(values_);
-  const at::Tensor logical_grads = to_logical(grads_);
+  const at::Tensor logical_grads = grads_.defined() ? to_logical(grads_) : at::Tensor();
   const at::Tensor logical_accumulation =
       accumulation_.defined() ? to_logical(accumulation_) : at::Tensor();
   layout_ = std::move(layout);
   values_ = from_logical(logical_values);
-  grads_ = from_logical(logical_grads);
+  if (logical_grads.defined()) grads_ = from_logical(logical_grads);
   if (logical_accumulation.defined()) accumulation_ = from_logical(logical_accumulation);
   point_parameters_at_buffers();
 }
 
 void FlatParameters::collect_grads(size_t bucket) {
+  if (!grads_.defined())
+    throw Error("FlatParameters::collect_grads: no gradient buffer is kept (ZeRO-2 stages them)");
+  add_grads(bucket, accumulation_.defined() ? accumulation_ : grads_, 0);
+}
+
+at::Tensor FlatParameters::collect_grads_into(size_t bucket, const at::Tensor& staging) {
+  const BucketLayout::Span& span = layout_.spans.at(bucket);
+  at::Tensor bucket_elements = staging.narrow(0, 0, span.padded_numel);
+  bucket_elements.zero_();
+  add_grads(bucket, bucket_elements, span.offset);
+  return bucket_elements;
+}
+
+at::Tensor FlatParameters::take_grad_in_slot_order(size_t i) {
+  at::Tensor grad = std::move(parameters_.at(i).mutable_grad());
+  parameters_[i].mutable_grad() = at::Tensor();
+  if (!grad.defined()) return grad;
+  if (channels_last_[i]) grad = grad.permute({0, 2, 3, 1});  // Note [Channels-last weights]
+  return grad.reshape({-1});
+}
+
+void FlatParameters::add_grads(size_t bucket, const at::Tensor& sum, int64_t first_element) {
   // Note [Gradient precision]: 16-bit gradients added into fp32 slots take _foreach_add_'s
   // per-tensor path (its multi-tensor kernels want one dtype), each add in fp32.
-  const at::Tensor& sum = accumulation_.defined() ? accumulation_ : grads_;
   std::vector<at::Tensor> slots;
   std::vector<at::Tensor> gradients;
   for (int i : layout_.buckets.at(bucket).parameters) {
     at::Tensor& grad = parameters_[i].mutable_grad();
     if (!grad.defined()) continue;
-    slots.push_back(parameter_view(sum, i));
+    slots.push_back(parameter_view(sum, i, first_element));
     gradients.push_back(std::move(grad));
     grad = at::Tensor();
   }

@@ -150,7 +150,9 @@ const OptionSpec kOptions[] = {
     {"hysteresis", "zero", &TrainConfig::hysteresis, "overflows tolerated before halving"},
     {"min-loss-scale", "zero", &TrainConfig::min_loss_scale,
      "an overflow at this scale stops the run"},
-    {"bucket-mb", "comm", &TrainConfig::bucket_mb, "gradient bucket size, MiB"},
+    {"bucket-mb", "comm", &TrainConfig::bucket_mb,
+     "gradient bucket size, MiB; 0: 25, or at ZeRO stage 2 across ranks an eighth of the "
+     "gradients, at most 4"},
     {"first-bucket-mb", "comm", &TrainConfig::first_bucket_mb,
      "the first (last layers') bucket, MiB"},
     {"overlap-comm", "comm", &TrainConfig::overlap_comm,
@@ -743,8 +745,10 @@ void validate(const TrainConfig& c) {
               " or a larger --initial-scale-power");
   // Bucket caps become whole bytes: below one byte (2^-20 MiB) a cap is 0 bytes, which no
   // gradient fits; above kMaxBucketMiB (about 1 TB) the size is a typo, not a bucket.
-  require(c.bucket_mb >= kMinBucketMiB && c.bucket_mb <= kMaxBucketMiB, "bucket-mb", c.bucket_mb,
-          "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 25");
+  require(c.bucket_mb == 0.0 || (c.bucket_mb >= kMinBucketMiB && c.bucket_mb <= kMaxBucketMiB),
+          "bucket-mb", c.bucket_mb,
+          "must be 0 (chosen by the ZeRO stage) or a number of MiB from 2^-20 (one byte) to 1e6, "
+          "e.g. 25");
   require(c.first_bucket_mb >= kMinBucketMiB && c.first_bucket_mb <= kMaxBucketMiB,
           "first-bucket-mb", c.first_bucket_mb,
           "must be a number of MiB from 2^-20 (one byte) to 1e6, e.g. 1");

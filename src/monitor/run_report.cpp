@@ -7,6 +7,8 @@
 #include <ctime>
 #include <fstream>
 
+#include <sys/resource.h>
+
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/data/sample_store.h"
 #include "hpc_train/model/models.h"
@@ -42,6 +44,7 @@ nlohmann::json TrainSummary::to_json() const {
           {"training_flops_per_sample", training_flops_per_sample},
           {"mfu", mfu},
           {"peak_allocated_bytes_per_rank", peak_allocated_bytes_per_rank},
+          {"peak_host_rss_bytes_per_rank", peak_host_rss_bytes_per_rank},
           {"resumed_from", resumed_from},
           {"steps_redone", steps_redone},
           {"last_checkpoint", last_checkpoint},
@@ -393,6 +396,14 @@ void add_data_store_figures(TrainSummary& summary, const SampleStore& store, int
   summary.data_store_exchange_ms_per_step =
       comm.all_reduce_scalar(store.exchange_ms(), ReduceOp::kMax, "data store exchange ms") /
       static_cast<double>(std::max<int64_t>(1, steps));
+}
+
+void add_host_memory_figures(TrainSummary& summary, Communicator& comm) {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  constexpr int64_t kBytesPerMaxrssUnit = 1024;  // Linux counts ru_maxrss in KiB
+  summary.peak_host_rss_bytes_per_rank = comm.gather_count(
+      static_cast<int64_t>(usage.ru_maxrss) * kBytesPerMaxrssUnit, 0, "peak resident bytes");
 }
 
 void add_gpu_figures(TrainSummary& summary, int cuda_device, Precision precision,

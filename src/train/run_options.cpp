@@ -28,12 +28,23 @@ torch::Dtype model_dtype(const TrainConfig& config) {
   return torch::kFloat;
 }
 
-ReducerOptions reducer_options(const TrainConfig& config) {
+double bucket_mib(const TrainConfig& config, int world_size, int64_t gradient_bytes) {
+  if (config.bucket_mb > 0.0) return config.bucket_mb;
+  if (config.zero_stage != 2 || world_size == 1) return kDefaultBucketMiB;
+  return std::min(kMaxPartitionedBucketMiB,
+                  static_cast<double>(gradient_bytes) / kPartitionedBucketsPerGradient / kBytesPerMiB);
+}
+
+ReducerOptions reducer_options(const TrainConfig& config, int world_size, int64_t parameters) {
   ReducerOptions options;
+  const int64_t element_bytes = config.comm_dtype == GradientDtype::kFp32
+                                    ? 4
+                                    : static_cast<int64_t>(c10::elementSize(model_dtype(config)));
   options.first_bucket_bytes = static_cast<int64_t>(config.first_bucket_mb * kBytesPerMiB);
-  options.bucket_bytes = static_cast<int64_t>(config.bucket_mb * kBytesPerMiB);
+  options.bucket_bytes = static_cast<int64_t>(
+      bucket_mib(config, world_size, parameters * element_bytes) * kBytesPerMiB);
   options.overlap = config.overlap_comm;
-  options.reduce_scatter = config.zero_stage == 2;
+  options.reduction = reduction_for_zero_stage(config.zero_stage);
   // Note [Gradient precision]: one micro-step has nothing to add up, and its 16-bit gradients
   // would go through the fp32 buffer unchanged; no buffer then.
   options.precision.accumulate_fp32 =

@@ -119,7 +119,7 @@ double Trainer::Impl::log_interval(const StepPosition& at, RunProgress& run) {
   line.loss_scale = report.loss_scale;
   line.skipped_steps = report.skipped_steps;
   line.memory = memory();
-  line.breakdown = times.breakdown(comm.size(), config.zero_stage == 2);
+  line.breakdown = times.breakdown(comm.size(), config.zero_stage >= 1);
   // Every rank's GPU figures, min and max over the ranks (collective).
   const int64_t allocator_peak = placement.cuda ? allocator_peak_bytes(placement.cuda_device) : 0;
   const GpuSpread gpu = gpu_spread_over_ranks(gpu_monitor.take_interval(), allocator_peak, comm);
@@ -395,7 +395,7 @@ TrainSummary Trainer::Impl::finish_run(RunProgress& run, const Stopwatch& run_wa
   summary.skipped_steps = report.skipped_steps;
   summary.loss_scale = report.loss_scale;
   summary.memory = memory();
-  summary.breakdown = run.run_times.breakdown(comm.size(), config.zero_stage == 2);
+  summary.breakdown = run.run_times.breakdown(comm.size(), config.zero_stage >= 1);
   summary.wall_s = run_wall.elapsed_ms() / 1e3;
   summary.storage_reads = run.storage_reads.since_start(comm);
   add_throughput(summary, run.throughput, comm);
@@ -404,6 +404,7 @@ TrainSummary Trainer::Impl::finish_run(RunProgress& run, const Stopwatch& run_wa
     reporter.say("Data store: exchanges took %.3f ms per step (the slowest rank's mean)\n",
                  summary.data_store_exchange_ms_per_step);
   }
+  add_host_memory_figures(summary, comm);
   if (placement.cuda)
     add_gpu_figures(summary, placement.cuda_device, config.precision,
                     model->forward_flops_per_sample(), comm);

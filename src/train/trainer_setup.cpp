@@ -117,7 +117,9 @@ Trainer::Impl::Impl(const TrainConfig& c, const DatasetFile& d, MPI_Comm mpi_com
     names.push_back(item.name);
     parameters.push_back(item.tensor);
   }
-  const ReducerOptions bucketing = reducer_options(config);
+  int64_t parameter_count = 0;
+  for (const at::Tensor& parameter : parameters) parameter_count += parameter.numel();
+  const ReducerOptions bucketing = reducer_options(config, comm.size(), parameter_count);
   BucketLayout layout = Reducer::initial_layout(parameters, bucketing, comm.size());
   // Note [Channels-last weights]
   flat = FlatParameters(std::move(names), std::move(parameters), std::move(layout),

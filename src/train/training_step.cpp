@@ -45,7 +45,9 @@ void TrainingStep::enqueue(const DeviceBatch& batch, MicroStep micro, IntervalTi
   loss.backward(optimizer_.loss_gradient(loss, averaging));
   if (phases) phases->backward_ms += phase.elapsed_ms();
   const double comm_wait_ms = reducer_.finish_backward();
-  if (phases && micro.ends_update) {
+  // Every micro-step's: partitioned gradients are reduced inside the window too (Note
+  // [Partitioned gradients] in reducer.h); a micro-step that reduced nothing adds zeros.
+  if (phases) {
     phases->comm_wait_ms += comm_wait_ms;
     phases->comm_span_ms += reducer_.comm_span_ms();
     phases->comm_bytes += reducer_.bytes_last_backward();

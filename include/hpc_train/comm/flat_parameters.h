@@ -87,8 +87,11 @@ class FlatParameters {
                  BucketLayout layout, bool channels_last_weights = false);
 
   // Note [Gradient precision]: reallocates grads() (zeroed) in the dtype `precision` asks for,
-  // with an fp32 accumulation() where it is needed. The reducer applies its options here.
-  void set_gradient_precision(GradientPrecision precision);
+  // with an fp32 accumulation() where it is needed. The reducer applies its options here. With
+  // `full_buffer` false there is neither (ZeRO-2 across ranks, Note [Partitioned gradients] in
+  // reducer.h): grads() is undefined, and the reducer takes each bucket's gradients into a
+  // staging buffer of its own (collect_grads_into).
+  void set_gradient_storage(GradientPrecision precision, bool full_buffer = true);
   // Whether every micro-step's gradients are collected (into fp32), not only the last one's.
   bool collects_every_micro_step() const { return accumulates_fp32_; }
 
@@ -116,6 +119,14 @@ class FlatParameters {
   // undefined (Note [Flat parameter storage]). Parameters without a gradient (unused this step)
   // are skipped: their slots keep what they hold.
   void collect_grads(size_t bucket);
+  // The same into `staging` instead (Note [Partitioned gradients] in reducer.h): its first
+  // padded_numel elements are zeroed, so that gaps and padding are zero, and take `bucket`'s
+  // gradients where its slots are in the bucket; returns that bucket-shaped view of `staging`.
+  at::Tensor collect_grads_into(size_t bucket, const at::Tensor& staging);
+  // Parameter `i`'s gradient from `.grad`, 1-D in its slot's element order ([O, kH, kW, I] for a
+  // channels-last weight; a view where autograd's strides allow), with `.grad` reset to
+  // undefined; undefined where backward left none. For a bucket too large to stage whole.
+  at::Tensor take_grad_in_slot_order(size_t i);
   // After the last micro-step's collect_grads: `grads()` holds the bucket's sum over the window.
   // With a separate fp32 accumulation buffer, its bucket is rounded into grads() (Note [Gradient
   // precision]); otherwise nothing is left to do.
@@ -123,13 +134,18 @@ class FlatParameters {
   // Zeroes `grads()` (and the accumulation buffer) and drops any gradient not collected: the state
   // before a backward.
   void zero_grads();
-  // Bytes of the gradient buffers: grads(), and the fp32 accumulation buffer when separate.
+  // Bytes of the gradient buffers: grads() (when kept), and the fp32 accumulation buffer when
+  // separate.
   int64_t gradient_bytes() const;
 
  private:
   void point_parameters_at_buffers();
-  // Parameter i's elements of a flat-layout tensor, in its shape and memory format.
-  at::Tensor parameter_view(const at::Tensor& flat, size_t i) const;
+  // Parameter i's elements of a flat-layout tensor, in its shape and memory format; of a tensor
+  // holding the flat layout from element `first_element` on, with that offset.
+  at::Tensor parameter_view(const at::Tensor& flat, size_t i, int64_t first_element = 0) const;
+  // Adds the `.grad`s of `bucket`'s parameters into their slots of `sum` (which holds the flat
+  // layout from `first_element` on) and lets them go.
+  void add_grads(size_t bucket, const at::Tensor& sum, int64_t first_element);
 
   std::vector<std::string> names_;
   std::vector<at::Tensor> parameters_;

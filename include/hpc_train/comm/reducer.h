@@ -3,9 +3,9 @@
 //
 // An autograd post-hook on each parameter's gradient accumulator marks the parameter ready once
 // autograd has left its gradient in `.grad`. When every parameter of a bucket is ready, the
-// bucket's gradients are collected into the flat buffer (Note [Flat parameter storage]) and its
-// collective starts at once, while backward goes on: an all-reduce in place (ZeRO stages 0 and
-// 1), or a reduce-scatter whose slice for this rank lands in partition_grads() (stage 2).
+// bucket's gradients are collected into the flat buffer (Note [Flat parameter storage]), or a
+// staging buffer at ZeRO-2, and its collective starts at once, while backward goes on
+// (GradientReduction says which collective and where its result lands).
 // Buckets start in bucket order on every rank (a ready bucket waits for its predecessors),
 // because MPI and NCCL match collectives by issue order. The step then waits only for what is
 // still in flight (finish_backward).
@@ -36,11 +36,51 @@
 
 namespace hpc_train {
 
+// Note [Partitioned gradients]
+// ZeRO-2 partitions the gradients, as DeepSpeed's stage 2 does: with several ranks, each rank
+// keeps only its partition of the reduced gradients (partition_grads(): its slice of every
+// bucket, 1/N of the flat layout), and no full-size gradient buffer exists (FlatParameters keeps
+// none). Autograd's gradients leave `.grad` bucket by bucket as their bucket becomes ready, into
+// a ring of kStagingBuckets staging buffers, and each bucket is reduce-scattered from there into
+// its slice of the partition while backward goes on. A staging buffer is reused once the
+// collective that read it has finished: the collective kStagingBuckets later waits for it. A
+// staging buffer holds a bucket of the bucket cap (--bucket-mb), or a bucket of several
+// parameters, which passes the cap by its alignment gaps and padding at most. A parameter larger
+// than the cap has a bucket of its own, and goes through in chunks: a piece of every rank's
+// slice at a time. So a rank's gradient memory is full/N plus two buckets (gradient_bytes()),
+// besides the `.grad`s autograd holds until their bucket is complete; the bucket cap bounds
+// what the ring costs (Note [Bucket size at ZeRO-2] in run_options.h).
+// Inside an accumulation window the reduce-scatter runs at every micro-step (as DeepSpeed's
+// stage 2 does: nothing full-size is kept across micro-steps): the window's first micro-step
+// writes the partition, the later ones add into it. Those reduce-scatter in place into this rank's
+// own slice of the staging buffer and add that slice into the partition once the collective has
+// finished (before the buffer is reused, or in finish_backward); so does the first micro-step
+// where the partition is fp32 and the staging buffer is not (--grad-accum-dtype fp32 without
+// --comm-dtype fp32: the window then adds up in fp32, in the partition). Each micro-step's
+// reduction rounds to the communication dtype before it is added, where ZeRO-0/1 add the
+// micro-steps up before one reduction: the sums agree to rounding, not bit for bit.
+//
+// Where the reduced gradients land, by ZeRO stage (reduction_for_zero_stage).
+enum class GradientReduction {
+  kAllReduce,    // stage 0: an all-reduce in place: every rank holds every reduced gradient
+  // Stage 1: a reduce-scatter in place: this rank's own slices of the flat gradient buffer hold
+  // its reduced partition (the rest is left unreduced). Half an all-reduce's traffic: with the
+  // parameters' all-gather a step moves what one all-reduce does, as DeepSpeed's stage 1. The
+  // flat buffer stays, for the micro-steps to add up in before the one reduction.
+  kOwnSlices,
+  kPartitioned,  // stage 2: Note [Partitioned gradients]
+};
+GradientReduction reduction_for_zero_stage(int stage);
+
+// Staging buffers of the ring at ZeRO-2 (Note [Partitioned gradients]): two, so that one bucket
+// is collected while the previous one's reduce-scatter runs.
+inline constexpr size_t kStagingBuckets = 2;
+
 struct ReducerOptions {
   int64_t first_bucket_bytes = static_cast<int64_t>(kDefaultFirstBucketMiB * (1 << 20));
   int64_t bucket_bytes = static_cast<int64_t>(kDefaultBucketMiB * (1 << 20));
-  bool overlap = true;         // start collectives from the hooks; false: all after backward
-  bool reduce_scatter = false; // ZeRO-2
+  bool overlap = true;  // start collectives from the hooks; false: all after backward
+  GradientReduction reduction = GradientReduction::kAllReduce;
   // Note [Gradient precision]: --grad-accum-dtype fp32 (with --grad-accum > 1) and --comm-dtype
   // fp32; no-ops in an fp32 model.
   GradientPrecision precision;
@@ -71,8 +111,9 @@ class LayoutObserver {
 
 class Reducer {
  public:
-  // Registers the hooks and sets `flat`'s gradient precision (which zeroes its gradients).
-  // `flat` and `comm` must outlive the reducer.
+  // Registers the hooks and sets `flat`'s gradient storage (which zeroes its gradients): the
+  // precision, and no full buffer where the gradients are partitioned. `flat` and `comm` must
+  // outlive the reducer.
   Reducer(FlatParameters& flat, Communicator& comm, ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -84,11 +125,12 @@ class Reducer {
 
   // Call before each backward. sync = false on micro-steps inside a gradient-accumulation
   // window: no collective starts, and gradients accumulate in the parameters' `.grad` (or, with
-  // fp32 accumulation, each bucket is collected into the fp32 sum as it completes).
+  // fp32 accumulation, each bucket is collected into the fp32 sum as it completes); except with
+  // partitioned gradients, which are reduced at every micro-step (Note [Partitioned gradients]).
   void begin_backward(bool sync);
-  // After backward of a synchronised micro-step: starts what has not started, waits for all.
-  // Returns the time spent waiting (exposed communication), in milliseconds. After a micro-step
-  // inside the window: collects what fp32 accumulation has not collected yet; returns 0.
+  // After a backward that reduces: starts what has not started, waits for all. Returns the time
+  // spent waiting (exposed communication), in milliseconds. After a micro-step inside the window
+  // that does not: collects what fp32 accumulation has not collected yet; returns 0.
   double finish_backward();
   // Forgets a backward that will not finish (Note [Failed capture] in step_graph.h: a CUDA graph
   // capture that threw inside it): the collectives it started are dropped (reducer.cpp says how
@@ -97,9 +139,12 @@ class Reducer {
   // backward then begins as if this one had never run. Collective where collectives started.
   void discard_backward();
 
-  // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order). With one
-  // rank, the flat gradient buffer itself.
+  // ZeRO-2: this rank's slice of every bucket, reduced (the layout's partition order; Note
+  // [Partitioned gradients]). With one rank, the flat gradient buffer itself.
   at::Tensor& partition_grads() { return partition_grads_; }
+
+  // Partitioned: each staging buffer's elements (Note [Partitioned gradients]); else 0.
+  int64_t staging_numel() const { return staging_.empty() ? 0 : staging_numel_; }
 
   // This rank's partition of the current layout (its slice of every bucket).
   const Partition& partition() const { return partition_; }
@@ -118,15 +163,17 @@ class Reducer {
     if (layout_observer_ == observer) layout_observer_ = nullptr;
   }
 
+  // Of the last backward that reduced.
   const std::vector<ReducerEvent>& events() const { return events_; }
-  // Bytes handed to collectives in the last synchronised backward (padded bucket sizes).
+  // Bytes handed to collectives in the last backward (padded bucket sizes; 0 where it did not
+  // reduce).
   int64_t bytes_last_backward() const { return bytes_last_backward_; }
-  // From the first collective's start to the last one's observed completion, milliseconds.
+  // From the first collective's start to the last one's observed completion in the last
+  // backward, milliseconds (0 where it did not reduce).
   double comm_span_ms() const { return comm_span_ms_; }
   size_t num_buckets() const { return flat_.layout().buckets.size(); }
-  // Bytes of gradient storage this rank holds: the flat buffer, plus the partition in stage 2
-  // (with more than one rank), plus a separate fp32 accumulation buffer (Note [Gradient
-  // precision]).
+  // Bytes of gradient storage this rank holds: the flat buffer and a separate fp32 accumulation
+  // buffer (Note [Gradient precision]); or, partitioned, the partition and the staging ring.
   int64_t gradient_bytes() const;
 
  private:
@@ -138,8 +185,21 @@ class Reducer {
   void mark_ready(int parameter);
   void start_ready_buckets();
   void start_bucket(size_t bucket);
+  // Note [Partitioned gradients]: the bucket through the staging ring (in chunks where it is
+  // larger than a staging buffer) into this rank's partition.
+  void start_partitioned(size_t bucket, const std::string& label);
+  // The staging buffer for the next collective, once the one before it in the ring is done.
+  at::Tensor next_staging();
+  // Reduce-scatters `input` (size() pieces of `numel`) into the partition's elements from
+  // `partition_offset` on: written there, or staged in place and added or cast there later.
+  void reduce_scatter_into_partition(const at::Tensor& input, int64_t partition_offset,
+                                     int64_t numel, const std::string& label);
+  // Waits for the collectives in flight up to (not including) in_flight_[count] that have not
+  // finished yet, in order, and adds their staged results into the partition.
+  void finish_in_flight(size_t count);
   double now_ms() const;
-  bool partition_is_separate() const;  // ZeRO-2 with several ranks
+  // Note [Partitioned gradients]: ZeRO-2 with several ranks.
+  bool partitions_gradients() const;
   // The bucket assignment's size of one gradient element of `parameter`: what its collective
   // moves (fp32 with reduce_fp32).
   static int gradient_element_bytes(const at::Tensor& parameter, const ReducerOptions& options);
@@ -154,11 +214,26 @@ class Reducer {
   std::vector<bool> ready_;                          // per parameter, this backward
   std::vector<int> ready_order_;                     // this backward
   size_t next_bucket_ = 0;                           // the next bucket to start
-  std::vector<Work> in_flight_;
-  bool sync_ = false;
-  bool collecting_ = false;  // this backward's hooks count ready parameters (sync, or fp32 sums)
+  // A collective (of a bucket, or of a chunk of one); `staged`: where it leaves this rank's
+  // piece when that is still to be added or cast into `destination`, the partition's elements
+  // (Note [Partitioned gradients]); else both undefined.
+  struct InFlight {
+    Work work;
+    at::Tensor staged;
+    at::Tensor destination;
+  };
+  std::vector<InFlight> in_flight_;  // in the order they started
+  size_t finished_ = 0;              // in_flight_'s entries waited for
+  bool reducing_ = false;    // this backward's buckets start collectives
+  bool collecting_ = false;  // this backward's hooks count ready parameters (reducing, fp32 sums)
   bool in_backward_ = false;
+  // Partitioned: a micro-step of the current window has reduced into the partition already, so
+  // the next one adds into it; this backward adds (Note [Partitioned gradients]).
+  bool window_open_ = false;
+  bool adds_into_partition_ = false;
   at::Tensor partition_grads_;
+  std::vector<at::Tensor> staging_;  // partitioned: the ring of kStagingBuckets buffers
+  int64_t staging_numel_ = 0;        // each one's elements
   Partition partition_;
   LayoutObserver* layout_observer_ = nullptr;
   std::vector<ReducerEvent> events_;

@@ -72,7 +72,9 @@ struct TrainConfig {
   double min_loss_scale = 1.0;    // --min-loss-scale: overflow at this scale is an error
 
   // [comm] gradient reduction
-  double bucket_mb = 25.0;        // --bucket-mb: gradient bucket size, MiB
+  // --bucket-mb: gradient bucket size, MiB; 0: chosen by the ZeRO stage and world size
+  // (bucket_mib in run_options.h, Note [Bucket size at ZeRO-2])
+  double bucket_mb = 0.0;
   double first_bucket_mb = 1.0;   // --first-bucket-mb: the first (last-layer) bucket, MiB, as DDP
   bool overlap_comm = true;       // --overlap-comm: start a bucket's collective during backward
   // --comm-dtype model|fp32: what fp16/bf16 gradients are summed in across ranks (the gradient

@@ -78,6 +78,9 @@ struct TrainSummary {
   double training_flops_per_sample = 0.0;  // GPU: 3 x the forward's (models.h)
   double mfu = 0.0;               // GPU: model FLOPs utilisation against the GPU's peak; 0 = unknown
   std::vector<int64_t> peak_allocated_bytes_per_rank;  // GPU: LibTorch's allocator peak, by rank
+  // Each process's peak resident memory (getrusage's ru_maxrss), by rank: on the CPU where the
+  // tensors live, with the libraries and the data besides.
+  std::vector<int64_t> peak_host_rss_bytes_per_rank;
   StorageReadsByRank storage_reads;  // from the first epoch's start to the end (storage_io.h)
   std::string resumed_from;       // the checkpoint this run continued from; empty = fresh start
   int64_t steps_redone = 0;       // logged after resumed_from, trained again: Note [Resume record]
@@ -437,6 +440,9 @@ void add_throughput(TrainSummary& summary, const ThroughputClock& throughput, Co
 // Collective.
 void add_data_store_figures(TrainSummary& summary, const SampleStore& store, int64_t steps,
                             Communicator& comm);
+
+// Every rank's peak resident memory so far (gathered to rank 0) into `summary`. Collective.
+void add_host_memory_figures(TrainSummary& summary, Communicator& comm);
 
 // A GPU run's figures into `summary`: every rank's allocator peak (gathered to rank 0), and the
 // training FLOPs per sample and MFU where the model's forward FLOPs are known

@@ -2,10 +2,11 @@
 // after the reducer has reduced the gradients.
 //
 //   stage 0  every rank holds the whole optimizer state and updates every parameter
-//   stage 1  gradients all-reduced; each rank updates only its partition (its slice of every
-//            bucket, Note [Bucket layout]), then the buckets are all-gathered
-//   stage 2  as stage 1, but the reducer reduce-scattered the gradients, so each rank only ever
-//            holds its partition of the reduced gradients
+//   stage 1  each rank updates only its partition (its slice of every bucket, Note [Bucket
+//            layout]), read from its own slices of the flat gradients (reduce-scattered there in
+//            place), then the buckets are all-gathered
+//   stage 2  as stage 1, but the reducer keeps only this rank's partition of the reduced
+//            gradients (Note [Partitioned gradients] in reducer.h)
 //
 // One step: unscale (fp16) -> overflow check agreed by all ranks (fp16; an overflow skips the
 // step everywhere) -> clip by the global norm -> Adam/AdamW on the fp32 master partition ->

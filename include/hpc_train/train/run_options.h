@@ -20,9 +20,25 @@ namespace hpc_train {
 // fp32 master weights in the optimizer.
 torch::Dtype model_dtype(const TrainConfig& config);
 
-// --bucket-mb, --first-bucket-mb, --overlap-comm; ZeRO-2 reduce-scatters; --grad-accum-dtype
-// (with --grad-accum > 1) and --comm-dtype.
-ReducerOptions reducer_options(const TrainConfig& config);
+// Note [Bucket size at ZeRO-2]
+// --bucket-mb 0 (the default) picks the bucket cap: 25 MiB, as DDP; but where ZeRO-2 partitions
+// the gradients (stage 2 across ranks), whose staging ring holds two buckets (Note [Partitioned
+// gradients] in reducer.h), an eighth of the model's gradient bytes, at most 4 MiB. With 25 MiB
+// buckets the ring would hold more than resnet18's whole bf16 gradient (22 MB), and stage 2 would
+// keep more gradient memory than stage 1; with an eighth it keeps full/N + full/4 at most (less
+// than stage 1's full from 2 ranks on), and from 32 MiB of gradients on, full/N + 8 MiB. NCCL
+// moves a 4 MiB bucket near its peak bandwidth, and smaller buckets start their collectives
+// earlier in backward; a small model's more collectives are short ones.
+inline constexpr double kMaxPartitionedBucketMiB = 4.0;
+inline constexpr int kPartitionedBucketsPerGradient = 8;
+// The bucket cap in MiB: --bucket-mb, or the default above for `world_size` ranks and a model
+// whose gradients are `gradient_bytes` (in the dtype the collectives move).
+double bucket_mib(const TrainConfig& config, int world_size, int64_t gradient_bytes);
+
+// --bucket-mb (bucket_mib), --first-bucket-mb, --overlap-comm; the ZeRO stage's reduction;
+// --grad-accum-dtype (with --grad-accum > 1) and --comm-dtype; for `world_size` ranks and a
+// model of `parameters` elements.
+ReducerOptions reducer_options(const TrainConfig& config, int world_size, int64_t parameters);
 
 // fp16's loss scaling (--loss-scale 0: dynamic, from 2^--initial-scale-power); none otherwise.
 std::optional<LossScalerOptions> loss_scaling(const TrainConfig& config);

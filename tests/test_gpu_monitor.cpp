@@ -344,10 +344,23 @@ TEST(GpuMonitorOnGpu, UtilisationOfAnIntervalWithoutSamplesIsUnknown) {
   EXPECT_GT(unknown, 0);
 }
 
+// Note [Monitor off the step's path]: before the thread's first round the interval is read on
+// the spot; later, an interval without a round of its own takes the latest round's reading.
 TEST(GpuMonitorOnGpu, ShortIntervalIsSampledOnTheSpot) {
   GpuMonitor monitor(0, /*sample_interval_ms=*/10000.0);
   ASSERT_TRUE(monitor.available()) << monitor.unavailable_reason();
   EXPECT_EQ(monitor.take_interval().samples, 1);
+}
+
+TEST(GpuMonitorOnGpu, ShortIntervalAfterARoundTakesItsReading) {
+  GpuMonitor monitor(0, /*sample_interval_ms=*/50.0);
+  ASSERT_TRUE(monitor.available()) << monitor.unavailable_reason();
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  const GpuSample rounds = monitor.take_interval();
+  EXPECT_GE(rounds.samples, 1);
+  const GpuSample carried = monitor.take_interval();  // microseconds later: no round of its own
+  EXPECT_EQ(carried.samples, 1);
+  EXPECT_GT(carried.memory_used_bytes, 0);
 }
 
 TEST(GpuMonitorOnGpu, AllocatorPeakGrowsWithAnAllocation) {

@@ -116,19 +116,21 @@ class GpuMonitor::Impl {
   bool available() const { return reason_.empty(); }
   const std::string& reason() const { return reason_; }
 
+  // Note [Monitor off the step's path]: only the first interval with no round of the thread
+  // asks NVML here; every other answer comes from what the thread has read.
   GpuSample take_interval() {
     if (!available()) return {};
-    const uint64_t now_us = host_time_us();
-    const std::optional<IntervalUtilization> buffered =
-        utilization_from_samples(interval_start_us_, now_us);
-    interval_start_us_ = now_us;
     std::unique_lock<std::mutex> lock(mutex_);
     if (sum_.rounds == 0) {
-      lock.unlock();
-      const Reading reading = read();
-      lock.lock();
-      add(reading);
+      if (!last_reading_) {
+        lock.unlock();
+        const Reading reading = read();
+        lock.lock();
+        last_reading_ = reading;
+      }
+      add(*last_reading_);
     }
+    const std::optional<IntervalUtilization> buffered = utilization_from_fetched();
     GpuSample sample;
     sample.samples = sum_.rounds;
     if (buffered) {
@@ -244,7 +246,7 @@ class GpuMonitor::Impl {
   }
 
   // Note [Utilisation over the interval]: the mean of the driver's utilisation samples whose
-  // periods end within (start_us, end_us], read from its sample buffer, rather than the polled
+  // periods end within the interval, read from its sample buffer, rather than the polled
   // nvmlDeviceGetUtilizationRates, whose one value covers the driver's last sample period and so
   // can reach back before the interval. An interval that holds no sample end is shorter than
   // the driver's sample period, as a log interval of 100 steps of a small network can be
@@ -253,16 +255,19 @@ class GpuMonitor::Impl {
   // utilisation is unknown (NaN), not the newest sample's (which, while steps were replaying back
   // to back, showed the GPU idling before training started). Which samples fall in an interval,
   // and what one without any reports, is utilization_over_interval's to say (a pure function,
-  // tested on the CPU); here the buffer is read. NVML answers NVML_ERROR_NOT_FOUND where the
-  // buffer holds no sample after the one last seen (as between two intervals microseconds apart,
-  // or while an idle GPU's buffer runs dry): that is an empty reading, not a failed one, and the
-  // polled value put in its place would describe the driver's last period, before the interval.
-  // nullopt where the buffer cannot be read: the polled mean stands.
-  std::optional<IntervalUtilization> utilization_from_samples(uint64_t start_us, uint64_t end_us) {
-    if (!samples_) return std::nullopt;
+  // tested on the CPU). The thread reads the buffer (fetch_samples) and the interval ends where
+  // its last reading did (Note [Monitor off the step's path]). NVML answers
+  // NVML_ERROR_NOT_FOUND where the buffer holds no sample after the one last seen (as between
+  // two readings microseconds apart, or while an idle GPU's buffer runs dry): that is an empty
+  // reading, not a failed one, and the polled value put in its place would describe the driver's
+  // last period, before the interval.
+
+  // By the thread: the driver's samples since the last one seen, into `fetched`; false where the
+  // buffer cannot be read (then the polled means stand).
+  bool fetch_samples(std::vector<UtilizationSample>& fetched) {
+    if (!samples_) return false;
     int value_type = 0;
     unsigned int count = 0;
-    std::vector<UtilizationSample> read;
     NvmlReturn rc =
         samples_(device_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type, &count, nullptr);
     if (rc == kNvmlSuccess && count > 0) {
@@ -271,14 +276,27 @@ class GpuMonitor::Impl {
                     buffer.data());
       if (rc == kNvmlSuccess) {
         buffer.resize(std::min<size_t>(count, buffer.size()));
-        for (const NvmlSample& s : buffer)
-          read.push_back({s.time_stamp_us, value_of(s.value, value_type)});
+        for (const NvmlSample& s : buffer) {
+          fetched.push_back({s.time_stamp_us, value_of(s.value, value_type)});
+          last_seen_us_ = std::max<uint64_t>(last_seen_us_, s.time_stamp_us);
+        }
       }
     }
-    if (rc != kNvmlSuccess && rc != kNvmlNotFound) return std::nullopt;
+    return rc == kNvmlSuccess || rc == kNvmlNotFound;
+  }
+
+  // Under mutex_: the interval from the previous one's end to the thread's last reading of the
+  // buffer, out of the samples it fetched; samples stamped after that stay for the next one.
+  // nullopt where the buffer cannot be read.
+  std::optional<IntervalUtilization> utilization_from_fetched() {
+    if (!buffer_readable_) return std::nullopt;
+    const uint64_t end_us = std::max(interval_start_us_, fetched_through_us_);
     const IntervalUtilization interval =
-        utilization_over_interval(read, start_us, end_us, last_seen_us_);
-    last_seen_us_ = interval.seen_through_us;
+        utilization_over_interval(fetched_, interval_start_us_, end_us);
+    fetched_.erase(std::remove_if(fetched_.begin(), fetched_.end(),
+                                  [&](const UtilizationSample& s) { return s.time_stamp_us <= end_us; }),
+                   fetched_.end());
+    interval_start_us_ = end_us;
     return interval;
   }
 
@@ -287,9 +305,18 @@ class GpuMonitor::Impl {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
       lock.unlock();
-      const Reading reading = read();  // NVML is thread-safe; no lock held while it answers
+      // NVML is thread-safe; no lock held while it answers.
+      const Reading reading = read();
+      const uint64_t fetch_start_us = host_time_us();
+      std::vector<UtilizationSample> fetched;
+      const bool readable = fetch_samples(fetched);
       lock.lock();
       add(reading);
+      last_reading_ = reading;
+      buffer_readable_ = readable;
+      // The driver's samples up to the fetch's start are in: the interval may end there.
+      if (readable) fetched_through_us_ = fetch_start_us;
+      fetched_.insert(fetched_.end(), fetched.begin(), fetched.end());
     }
   }
 
@@ -307,11 +334,16 @@ class GpuMonitor::Impl {
   NvmlReturn (*samples_)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
                          NvmlSample*) = nullptr;  // nvmlDeviceGetSamples, when the driver has it
   NvmlDevice device_ = nullptr;
-  // The sample buffer's reading, by take_interval's caller alone (no lock): Note [Utilisation
-  // over the interval]
-  uint64_t interval_start_us_ = 0;
-  uint64_t last_seen_us_ = 0;  // IntervalUtilization::seen_through_us
+  uint64_t last_seen_us_ = 0;  // the thread's: the newest sample's time stamp it has fetched
   std::mutex mutex_;
+  // Under mutex_ (Note [Utilisation over the interval], Note [Monitor off the step's path]):
+  // where the current interval began, the samples fetched and not yet counted, how far the
+  // buffer has been read, whether its last reading worked, and the thread's latest round.
+  uint64_t interval_start_us_ = 0;
+  std::vector<UtilizationSample> fetched_;
+  uint64_t fetched_through_us_ = 0;
+  bool buffer_readable_ = false;
+  std::optional<Reading> last_reading_;
   std::condition_variable wake_;
   bool stop_ = false;
   Sums sum_;

@@ -68,6 +68,16 @@ IntervalUtilization utilization_over_interval(const std::vector<UtilizationSampl
 // Samples one GPU every `sample_interval_ms` in a thread of its own while it lives (RAII: the
 // destructor stops and joins the thread, then shuts NVML down). Movable, not copyable; a
 // moved-from monitor is unavailable.
+//
+// Note [Monitor off the step's path]
+// take_interval runs at every log line on the training thread, between two steps, where an NVML
+// call keeps the next step waiting: a poll of utilisation, memory and power, or a read of the
+// driver's sample buffer, each a driver round trip. So the thread makes them all, every sample
+// interval, and take_interval only sums what the thread has read: the polled figures of the
+// rounds that ended in the interval (for an interval shorter than the sample interval, the
+// latest round's; NVML is asked on the spot only before the thread's first round), and the
+// utilisation of the driver samples up to the thread's latest reading of the buffer, so at most
+// one sample interval behind the log line.
 class GpuMonitor {
  public:
   // `cuda_device` as CUDA numbers it in this process (CUDA_VISIBLE_DEVICES applies: the
@@ -84,8 +94,9 @@ class GpuMonitor {
   // Why not, e.g. "libnvidia-ml.so.1: cannot open shared object file"; empty when available.
   const std::string& unavailable_reason() const;
 
-  // Since the previous call (or construction). An interval shorter than the sampling interval
-  // is sampled once on the spot, so that it is never empty while NVML works.
+  // Since the previous call (or construction), from what the thread has read (Note [Monitor
+  // off the step's path]). Never empty while NVML works: an interval without a round of its own
+  // takes the latest round's reading (the very first one reads on the spot).
   GpuSample take_interval();
 
  private:

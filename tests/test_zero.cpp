@@ -381,7 +381,9 @@ TEST(ReducerRebuild, TheOptimizerStateFollowsTheNewLayout) {
     optimizer.step();
     const FullOptimizerState before = optimizer.gather_full_state();
     const at::Tensor values_before = flat.to_logical(flat.values()).clone();
+    EXPECT_FALSE(reducer.layout_final());
     ASSERT_TRUE(reducer.rebuild_buckets()) << "stage " << stage;
+    EXPECT_TRUE(reducer.layout_final());
     EXPECT_EQ(flat.layout().buckets.front().parameters, std::vector<int>{0});
     const FullOptimizerState after = optimizer.gather_full_state();
     EXPECT_TRUE(torch::equal(after.master, before.master)) << "stage " << stage;
@@ -389,7 +391,7 @@ TEST(ReducerRebuild, TheOptimizerStateFollowsTheNewLayout) {
     EXPECT_TRUE(torch::equal(after.exp_avg_sq, before.exp_avg_sq)) << "stage " << stage;
     EXPECT_EQ(after.steps, before.steps);
     EXPECT_TRUE(torch::equal(flat.to_logical(flat.values()), values_before)) << "stage " << stage;
-    EXPECT_FALSE(reducer.rebuild_buckets()) << "the same order again: nothing changes";
+    EXPECT_FALSE(reducer.rebuild_buckets()) << "the layout is final after the first rebuild";
   }
 }
 

@@ -374,6 +374,8 @@ BucketLayout Reducer::rebuilt_layout() {
 }
 
 bool Reducer::rebuild_buckets() {
+  if (layout_final_) return false;
+  layout_final_ = true;
   BucketLayout layout = rebuilt_layout();
   const BucketLayout& current = flat_.layout();
   bool same = layout.buckets.size() == current.buckets.size();

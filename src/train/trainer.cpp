@@ -183,9 +183,8 @@ void Trainer::Impl::start_run(RunProgress& run) {
 
 // The first step that was taken decides the bucket layout (a read of the GPU, once).
 void Trainer::Impl::rebuild_buckets_once() {
-  if (buckets_rebuilt || optimizer->report().last_overflow) return;
+  if (reducer->layout_final() || optimizer->report().last_overflow) return;
   reducer->rebuild_buckets();  // the optimizer carries its state over (LayoutObserver)
-  buckets_rebuilt = true;
 }
 
 // Runs the micro-step `micro` on `batches`' prepared batch: replayed from the CUDA graph where
@@ -193,7 +192,7 @@ void Trainer::Impl::rebuild_buckets_once() {
 // Returns whether the graph ran it.
 bool Trainer::Impl::run_micro_step(EpochBatches& batches, MicroStep micro, RunProgress& run) {
   const bool graph_wanted = graphed_step->wanted(
-      micro.ends_update, buckets_rebuilt, batches.prepared_size() == config.micro_batch,
+      micro.ends_update, reducer->layout_final(), batches.prepared_size() == config.micro_batch,
       run.global_step - start.global_step);
   if (graph_wanted && graphed_step->captured()) {
     // Note [One input kernel] (device_input.cpp): into the graph's buffers directly.

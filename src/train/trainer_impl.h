@@ -66,7 +66,6 @@ struct Trainer::Impl {
   // [Channels-last weights] in flat_parameters.h)
   bool channels_last = false;
   std::optional<GraphedStep> graphed_step;  // --cuda-graph
-  bool buckets_rebuilt = false;
   TrainingPosition start;   // where run() begins: zero, or a resumed checkpoint's position
   SampleTrace sample_trace; // test-only (Note [Test hooks])
   std::string resumed_from; // the checkpoint file, empty for a fresh start

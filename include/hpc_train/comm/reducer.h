@@ -155,8 +155,11 @@ class Reducer {
 
   // After the first synchronised backward: rebuilds the buckets in rank 0's observed ready
   // order, moving the flat buffers into that layout, with the observer (if any) told before and
-  // after. Returns whether the layout changed (nothing happens when it did not). Collective.
+  // after. Returns whether the layout changed (nothing happens when it did not). The layout is
+  // final after the first call: later ones change nothing and return false. Collective.
   bool rebuild_buckets();
+  // Whether rebuild_buckets has run: the layout stays as it is (a CUDA graph may hold it).
+  bool layout_final() const { return layout_final_; }
   // The one observer of re-layouts; it must outlive the reducer or stop observing first.
   void observe_layout(LayoutObserver* observer) { layout_observer_ = observer; }
   void stop_observing_layout(const LayoutObserver* observer) {
@@ -236,6 +239,7 @@ class Reducer {
   int64_t staging_numel_ = 0;        // each one's elements
   Partition partition_;
   LayoutObserver* layout_observer_ = nullptr;
+  bool layout_final_ = false;
   std::vector<ReducerEvent> events_;
   int64_t bytes_last_backward_ = 0;
   double comm_span_ms_ = 0.0;

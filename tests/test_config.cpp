@@ -609,8 +609,9 @@ TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
   };
   const Case cases[] = {
       {"augment", "data", "sometimes", "auto, on or off", "auto"},
-      {"optimizer", "training", "sgd", "adamw or adam", "adamw"},
-      {"lr-schedule", "training", "cosine", "constant, warmup or warmup-cosine", "constant"},
+      {"optimizer", "training", "lamb", "adamw, adam or sgd", "adamw"},
+      {"lr-schedule", "training", "cosine",
+       "constant, warmup, warmup-cosine, warmup-decay, one-cycle or multistep", "constant"},
       {"warmup-type", "training", "exp", "linear or log", "linear"},
       {"precision", "zero", "fp8", "fp32, fp16 or bf16", "fp32"},
       {"resident-data", "data", "yes", "auto, on or off", "auto"},
@@ -674,6 +675,44 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.warmup_start_ratio = std::nan(""); }, "--warmup-start-ratio nan:"},
       {[](TrainConfig& c) { c.cosine_final_ratio = -0.1; }, "--cosine-final-ratio -0.1:"},
       {[](TrainConfig& c) { c.schedule_steps = -1; }, "--schedule-steps -1:"},
+      {[](TrainConfig& c) { c.momentum = 0.9; },
+       "--momentum 0.9: applies to --optimizer sgd only (Adam's momentum is --beta1)"},
+      {[](TrainConfig& c) { c.nesterov = true; }, "--nesterov true: applies to --optimizer sgd"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kSgd;
+         c.momentum = 1.0;
+       },
+       "--momentum 1: must be in [0, 1)"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kSgd;
+         c.momentum = 0.9;
+         c.dampening = 0.1;
+         c.nesterov = true;
+       },
+       "--nesterov true: needs --momentum > 0 and --dampening 0"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kSgd;
+         c.nesterov = true;
+       },
+       "--nesterov true: needs --momentum > 0"},
+      {[](TrainConfig& c) { c.cycle_min_ratio = 2; }, "--cycle-min-ratio 2: must be in [0, 1]"},
+      {[](TrainConfig& c) { c.cycle_first_steps = -3; }, "--cycle-first-steps -3:"},
+      {[](TrainConfig& c) { c.cycle_max_momentum = 1; }, "--cycle-min-momentum 0.8: needs"},
+      {[](TrainConfig& c) { c.lr_gamma = 0; }, "--lr-gamma 0: must be in (0, 1]"},
+      {[](TrainConfig& c) { c.lr_schedule = LrScheduleKind::kMultiStep; },
+       "--lr-schedule multistep: multistep needs --lr-milestones"},
+      {[](TrainConfig& c) { c.lr_milestones = "100"; },
+       "--lr-milestones '100': applies to --lr-schedule multistep only"},
+      {[](TrainConfig& c) {
+         c.lr_schedule = LrScheduleKind::kMultiStep;
+         c.lr_milestones = "300,200";
+       },
+       "--lr-milestones 300,200: '200' is not an optimizer step >= 1 in ascending order"},
+      {[](TrainConfig& c) {
+         c.lr_schedule = LrScheduleKind::kMultiStep;
+         c.lr_milestones = "10,x";
+       },
+       "--lr-milestones 10,x: 'x' is not an optimizer step"},
       {[](TrainConfig& c) {
          c.lr_schedule = LrScheduleKind::kWarmupCosine;
          c.warmup_steps = 100;

@@ -47,12 +47,18 @@ void expect_names(const std::vector<std::pair<Choice, std::string>>& expected,
 TEST(ConfigChoices, EveryValueHasItsNameAndReadsBack) {
   expect_names<Switch>({{Switch::kAuto, "auto"}, {Switch::kOn, "on"}, {Switch::kOff, "off"}},
                        "auto, on or off");
-  expect_names<OptimizerKind>({{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kAdam, "adam"}},
-                              "adamw or adam");
+  expect_names<OptimizerKind>({{OptimizerKind::kAdamW, "adamw"},
+                               {OptimizerKind::kAdam, "adam"},
+                               {OptimizerKind::kSgd, "sgd"}},
+                              "adamw, adam or sgd");
   expect_names<LrScheduleKind>({{LrScheduleKind::kConstant, "constant"},
                                 {LrScheduleKind::kWarmup, "warmup"},
-                                {LrScheduleKind::kWarmupCosine, "warmup-cosine"}},
-                               "constant, warmup or warmup-cosine");
+                                {LrScheduleKind::kWarmupCosine, "warmup-cosine"},
+                                {LrScheduleKind::kWarmupDecay, "warmup-decay"},
+                                {LrScheduleKind::kOneCycle, "one-cycle"},
+                                {LrScheduleKind::kMultiStep, "multistep"}},
+                               "constant, warmup, warmup-cosine, warmup-decay, one-cycle or "
+                               "multistep");
   expect_names<WarmupType>({{WarmupType::kLinear, "linear"}, {WarmupType::kLog, "log"}},
                            "linear or log");
   expect_names<Precision>(

@@ -8,7 +8,8 @@
 //   a gradient element      |item - ref| <= 2u |ref| + s + e grad / rows
 // (s: half the spacing of the dtype's subnormals, 2^-25 for fp16, where small gradients fall).
 // A wrong term (the one-hot at another class, a missing 1/rows, a label read from another row)
-// is off by far more. A label outside the classes gives NaN, not a read out of bounds. Fresh
+// is off by far more. Label smoothing against LibTorch's cross_entropy(label_smoothing) written
+// out in fp64. A label outside the classes gives NaN, not a read out of bounds. Fresh
 // random inputs every run (the seed is printed; HPC_TRAIN_TEST_SEED=<seed> repeats a run).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -39,11 +40,12 @@ double subnormal_rounding(c10::ScalarType dtype) {
 }
 
 template <typename T>
-void check_case(c10::ScalarType dtype, int64_t rows, int64_t classes) {
-  SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(classes) + " " + c10::toString(dtype));
+void check_case(c10::ScalarType dtype, int64_t rows, int64_t classes, float smoothing = 0.0f) {
+  SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(classes) + " " +
+               c10::toString(dtype) + ", smoothing " + std::to_string(smoothing));
   const torch::Tensor logits = (torch::randn({rows, classes}) * 3).to(dtype);
   const torch::Tensor labels = torch::randint(0, classes, {rows}, torch::kLong);
-  const CrossEntropyShape s{rows, classes};
+  const CrossEntropyShape s{rows, classes, smoothing};
   torch::Tensor row_loss = torch::empty({rows}), lse = torch::empty({rows});
   for (int64_t r = 0; r < rows; ++r)
     row_loss[r] = hpc_train::cross_entropy_row<T, HostConvert>(
@@ -57,12 +59,17 @@ void check_case(c10::ScalarType dtype, int64_t rows, int64_t classes) {
 
   const torch::Tensor x = logits.to(torch::kDouble).requires_grad_(true);
   const torch::Tensor log_softmax = torch::log_softmax(x, 1);
-  const torch::Tensor expected_rows = -log_softmax.gather(1, labels.view({-1, 1})).squeeze(1);
+  const torch::Tensor nll_rows = -log_softmax.gather(1, labels.view({-1, 1})).squeeze(1);
+  const torch::Tensor expected_rows =
+      (1.0 - smoothing) * nll_rows + static_cast<double>(smoothing) * -log_softmax.mean(1);
   const double e = static_cast<double>(classes + 16) * 0x1p-24;
   const torch::Tensor loss_error = (row_loss.to(torch::kDouble) - expected_rows).abs();
   EXPECT_TRUE((loss_error <= e * (1 + expected_rows.abs())).all().item<bool>())
       << "largest loss error " << loss_error.max().item<double>();
-  const torch::Tensor mean = torch::nll_loss(log_softmax, labels);
+  const torch::Tensor mean = torch::nn::functional::cross_entropy(
+      x, labels,
+      torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(static_cast<double>(smoothing)));
+  EXPECT_NEAR(mean.item<double>(), expected_rows.mean().item<double>(), 1e-12);
   const torch::Tensor expected_grad = torch::autograd::grad({mean * grad_loss}, {x})[0];
   const torch::Tensor grad_error = (grad.to(torch::kDouble) - expected_grad).abs();
   const torch::Tensor bound =
@@ -80,6 +87,14 @@ TEST(CrossEntropyItems, AgreeWithLibTorch) {
   check_case<c10::Half>(torch::kHalf, 64, 10);
   check_case<c10::BFloat16>(torch::kBFloat16, 64, 10);
   check_case<c10::BFloat16>(torch::kBFloat16, 7, 1000);
+}
+
+TEST(CrossEntropyItems, LabelSmoothingAgreesWithLibTorch) {
+  torch::manual_seed(static_cast<int64_t>(hpc_train::testing::test_seed("test_kernel_items")) + 20);
+  check_case<float>(torch::kFloat, 64, 10, 0.1f);
+  check_case<float>(torch::kFloat, 3, 1000, 0.3f);
+  check_case<c10::Half>(torch::kHalf, 64, 10, 0.1f);
+  check_case<c10::BFloat16>(torch::kBFloat16, 7, 1000, 0.2f);
 }
 
 TEST(CrossEntropyItems, ALabelOutsideTheClassesGivesNaN) {

@@ -277,8 +277,8 @@ TEST_F(DeepSpeedConfigTest, WarmupCosineDefaultsAndErrors) {
   EXPECT_TRUE(contains(shorter, ": 'scheduler.params.total_num_steps' gives --schedule-steps "
                                 "100: the cosine would end before the warm-up"))
       << shorter;
-  std::string message = error(R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle"}})");
-  EXPECT_TRUE(contains(message, "'scheduler.type' \"OneCycle\" is not supported")) << message;
+  std::string message = error(R"({"train_batch_size": 8, "scheduler": {"type": "CyclicLR"}})");
+  EXPECT_TRUE(contains(message, "'scheduler.type' \"CyclicLR\" is not supported")) << message;
   message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
                       "params": {"warmup_type": "cubic"}}})");
   EXPECT_TRUE(contains(message, "'scheduler.params.warmup_type' \"cubic\"")) << message;
@@ -289,6 +289,80 @@ TEST_F(DeepSpeedConfigTest, WarmupCosineDefaultsAndErrors) {
   message = error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
                       "params": {"last_batch_iteration": 100}}})");
   EXPECT_TRUE(contains(message, "last_batch_iteration")) << message;
+}
+
+// WarmupDecayLR: WarmupLR's params and the step where the decay ends.
+TEST_F(DeepSpeedConfigTest, WarmupDecayLr) {
+  TrainConfig config;
+  apply(R"({"train_batch_size": 8,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+            "scheduler": {"type": "WarmupDecayLR",
+                          "params": {"total_num_steps": 5000, "warmup_min_lr": 0.001,
+                                     "warmup_max_lr": 0.02, "warmup_num_steps": 300,
+                                     "warmup_type": "linear"}}})",
+        1, config);
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kWarmupDecay);
+  EXPECT_EQ(config.lr, 0.02);
+  EXPECT_DOUBLE_EQ(config.warmup_start_ratio, 0.05);
+  EXPECT_EQ(config.warmup_steps, 300);
+  EXPECT_EQ(config.warmup_type, WarmupType::kLinear);
+  EXPECT_EQ(config.schedule_steps, 5000);
+  EXPECT_NO_THROW(validate(config));
+  const std::string message = error(R"({"train_batch_size": 8,
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})");
+  EXPECT_TRUE(contains(message, "WarmupDecayLR needs 'scheduler.params.total_num_steps'"))
+      << message;
+}
+
+// OneCycle: the peak replaces the optimizer's lr, the minimum becomes a fraction of it, DeepSpeed's
+// defaults for what is left out, and Adam's beta2 0.99 while beta1 cycles.
+TEST_F(DeepSpeedConfigTest, OneCycle) {
+  TrainConfig config;
+  const std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 8,
+                "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999]}},
+                "scheduler": {"type": "OneCycle",
+                              "params": {"cycle_min_lr": 0.002, "cycle_max_lr": 0.04,
+                                         "cycle_first_step_size": 300,
+                                         "cycle_first_stair_count": 4}}})",
+            1, config);
+  EXPECT_EQ(config.lr_schedule, LrScheduleKind::kOneCycle);
+  EXPECT_EQ(config.lr, 0.04);
+  EXPECT_DOUBLE_EQ(config.cycle_min_ratio, 0.05);
+  EXPECT_EQ(config.cycle_first_steps, 300);
+  EXPECT_EQ(config.cycle_second_steps, 0);  // as many as up
+  EXPECT_EQ(config.cycle_decay_steps, 0);
+  EXPECT_TRUE(config.cycle_momentum);
+  EXPECT_EQ(config.cycle_min_momentum, 0.8);
+  EXPECT_EQ(config.cycle_max_momentum, 0.9);
+  EXPECT_EQ(config.beta2, 0.99);
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.betas[1]' 0.999 becomes 0.99"))
+      << joined(warnings);
+  EXPECT_TRUE(any_contains(warnings, "cycle_first_stair_count' is accepted and has no effect"))
+      << joined(warnings);
+  EXPECT_NO_THROW(validate(config));
+
+  TrainConfig sgd;
+  apply(R"({"train_batch_size": 8,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+            "scheduler": {"type": "OneCycle",
+                          "params": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1,
+                                     "cycle_first_step_size": 100, "cycle_second_step_size": 200,
+                                     "decay_step_size": 10, "decay_lr_rate": 0.5,
+                                     "cycle_momentum": false}}})",
+        1, sgd);
+  EXPECT_EQ(sgd.cycle_second_steps, 200);
+  EXPECT_EQ(sgd.cycle_decay_steps, 10);
+  EXPECT_EQ(sgd.cycle_decay_lr_rate, 0.5);
+  EXPECT_FALSE(sgd.cycle_momentum);
+  EXPECT_EQ(sgd.beta2, 0.999);  // untouched: nothing cycles
+  std::string message = error(R"({"train_batch_size": 8,
+      "scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})");
+  EXPECT_TRUE(contains(message, "OneCycle needs 'scheduler.params.cycle_min_lr'")) << message;
+  message = error(R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle",
+      "params": {"cycle_min_lr": 0.5, "cycle_max_lr": 0.1}}})");
+  EXPECT_TRUE(contains(message, "'scheduler.params.cycle_min_lr' 0.5 must be in [0, 0.1]"))
+      << message;
 }
 
 TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
@@ -318,6 +392,20 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
   EXPECT_EQ(fused.eps, 1e-8);
   EXPECT_EQ(optimizer_of(R"({"type": "AdamW", "params": {"torch_adam": true}})").weight_decay,
             0.01);
+
+  // "SGD" is torch.optim.SGD, with its defaults (weight decay 0).
+  const TrainConfig sgd = optimizer_of(
+      R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true}})");
+  EXPECT_EQ(sgd.optimizer, OptimizerKind::kSgd);
+  EXPECT_EQ(sgd.lr, 0.1);
+  EXPECT_EQ(sgd.momentum, 0.9);
+  EXPECT_TRUE(sgd.nesterov);
+  EXPECT_EQ(sgd.dampening, 0.0);
+  EXPECT_EQ(sgd.weight_decay, 0.0);
+  EXPECT_NO_THROW(validate(sgd));
+  EXPECT_TRUE(contains(error(R"({"train_batch_size": 8,
+                                 "optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
+                       "betas"));
 
   std::string message = error(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})");
   EXPECT_TRUE(contains(message, "'optimizer.type' \"Lamb\" is not supported")) << message;

@@ -5,7 +5,8 @@
 // in test_cross_entropy_items.cpp (e = (classes + 16) 2^-24; the mean adds the rows' fp32 sum):
 //   loss        |fused - ref| <= (e + rows 2^-24) (1 + |ref|)
 //   gradient    |fused - ref| <= 2u |ref| + s + e grad / rows   (s: fp16's subnormals, 2^-25)
-// Also: the same inputs give the same bits, a CUDA graph's replay gives the eager bits, and
+// Label smoothing against LibTorch's cross_entropy(label_smoothing) in fp64, with the same
+// bounds. Also: the same inputs give the same bits, a CUDA graph's replay gives the eager bits, and
 // where the kernels do not apply LibTorch's ops run.
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -38,10 +39,11 @@ struct Result {
   torch::Tensor loss, grad;
 };
 
-Result fused(const torch::Tensor& logits_in, const torch::Tensor& labels, double grad_loss) {
+Result fused(const torch::Tensor& logits_in, const torch::Tensor& labels, double grad_loss,
+             double label_smoothing = 0.0) {
   const torch::Tensor logits = logits_in.clone().requires_grad_(true);
   EXPECT_TRUE(hpc_train::fused_cross_entropy_applies(logits, labels));
-  const torch::Tensor loss = hpc_train::mean_cross_entropy(logits, labels);
+  const torch::Tensor loss = hpc_train::mean_cross_entropy(logits, labels, label_smoothing);
   return {loss.detach(), torch::autograd::grad({loss * grad_loss}, {logits})[0]};
 }
 
@@ -50,21 +52,26 @@ TEST(FusedCrossEntropy, AgreesWithLibTorch) {
   struct Case {
     int64_t rows, classes;
     c10::ScalarType dtype;
+    double smoothing;
   };
-  const std::vector<Case> cases = {{64, 10, torch::kFloat}, {64, 10, torch::kHalf},
-                                   {64, 10, torch::kBFloat16}, {256, 10, torch::kBFloat16},
-                                   {600, 1000, torch::kFloat}, {600, 1000, torch::kBFloat16}};
+  const std::vector<Case> cases = {
+      {64, 10, torch::kFloat, 0.0},       {64, 10, torch::kHalf, 0.0},
+      {64, 10, torch::kBFloat16, 0.0},    {256, 10, torch::kBFloat16, 0.0},
+      {600, 1000, torch::kFloat, 0.0},    {600, 1000, torch::kBFloat16, 0.0},
+      {64, 10, torch::kFloat, 0.1},       {256, 10, torch::kBFloat16, 0.1},
+      {600, 1000, torch::kFloat, 0.2}};
   const double grad_loss = 0.75;
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.classes) + " " +
-                 c10::toString(c.dtype));
+                 c10::toString(c.dtype) + ", smoothing " + std::to_string(c.smoothing));
     const torch::Tensor logits = (torch::randn({c.rows, c.classes}, kGpu) * 3).to(c.dtype);
     const torch::Tensor labels = torch::randint(0, c.classes, {c.rows}, torch::TensorOptions(kGpu).dtype(torch::kLong));
-    const Result got = fused(logits, labels, grad_loss);
+    const Result got = fused(logits, labels, grad_loss, c.smoothing);
     EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
     EXPECT_EQ(got.grad.scalar_type(), c.dtype);
     const torch::Tensor x = logits.to(torch::kDouble).requires_grad_(true);
-    const torch::Tensor loss = torch::nn::functional::cross_entropy(x, labels);
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(
+        x, labels, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(c.smoothing));
     const torch::Tensor grad = torch::autograd::grad({loss * grad_loss}, {x})[0];
     const double e = static_cast<double>(c.classes + 16) * 0x1p-24;
     const double ref = loss.item<double>();

@@ -143,7 +143,7 @@ struct ReferenceScalars {
 
 ReferenceScalars reference_scalars(double sum_of_squares, double loss_scale, double lr,
                                    int64_t adam_step, double clip_grad,
-                                   const AdamOptions& adam) {
+                                   const OptimizerOptions& adam) {
   ReferenceScalars s;
   s.grad_norm = std::sqrt(sum_of_squares) / loss_scale;
   s.multiplier = 1.0 / loss_scale;
@@ -165,13 +165,13 @@ struct ReferenceAdam {
 };
 
 ReferenceAdam reference_adam(double grad, double w, double m, double v, const ReferenceScalars& s,
-                             const AdamOptions& h) {
+                             const OptimizerOptions& h) {
   const double u = kUnitRoundoff;
   double g = grad * s.multiplier;
   double g_size = std::abs(g);  // what the error of the device's g scales with
   double w_decayed = w;
   if (h.weight_decay != 0.0) {
-    if (h.decoupled_weight_decay) {
+    if (h.decoupled_weight_decay()) {
       w_decayed = w * (1.0 - s.lr * h.weight_decay);
     } else {
       g += h.weight_decay * w;
@@ -301,18 +301,18 @@ void run_kernel_case(const KernelCase& c, std::mt19937_64& gen) {
         << (c.clip ? ", clipped" : "") << ", grid " << grid << ", " << layout_text(layout);
   SCOPED_TRACE(label.str());
 
-  AdamOptions adam;
+  OptimizerOptions adam;
   adam.beta1 = uniform(gen, 0.8, 0.95);
   adam.beta2 = uniform(gen, 0.99, 0.9995);
   adam.eps = std::pow(10.0, uniform(gen, -9, -6));
   adam.weight_decay = uniform(gen, 0.0, 0.1);
-  adam.decoupled_weight_decay = c.decoupled;
+  adam.kind = c.decoupled ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
   FusedStepOptions options;
   options.beta1 = adam.beta1;
   options.beta2 = adam.beta2;
   options.eps = adam.eps;
   options.weight_decay = adam.weight_decay;
-  options.decoupled_weight_decay = adam.decoupled_weight_decay;
+  options.decoupled_weight_decay = adam.decoupled_weight_decay();
   options.check_overflow = c.dtype == KernelDtype::kFloat16;
 
   const double loss_scale = c.dtype == KernelDtype::kFloat16 ? 1024.0 : 1.0;
@@ -605,8 +605,9 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
         const bool fp16 = type == at::kHalf;
         ZeroOptions options;
         options.stage = stage;
-        options.adam = AdamOptions{1e-3, uniform(gen, 0.8, 0.95), uniform(gen, 0.99, 0.9995),
-                                   1e-8, uniform(gen, 0.0, 0.1), decoupled};
+        options.optimizer = OptimizerOptions{
+            1e-3, uniform(gen, 0.8, 0.95), uniform(gen, 0.99, 0.9995), 1e-8, uniform(gen, 0.0, 0.1),
+            decoupled ? OptimizerKind::kAdamW : OptimizerKind::kAdam};
         options.check_overflow = fp16;
         LrScheduleParams schedule;  // a cosine from the first step, over the test's steps
         schedule.kind = LrScheduleKind::kWarmupCosine;
@@ -646,7 +647,7 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
           for (double x : g) squares += x * x;
           const double lr = lr_at(schedule, before.adam_steps);
           const ReferenceScalars scalars = reference_scalars(squares, before.loss_scale, lr,
-                                                             before.adam_steps + 1, 0.0, options.adam);
+                                                             before.adam_steps + 1, 0.0, options.optimizer);
           EXPECT_FALSE(after.last_overflow) << describe_report(after);
           EXPECT_EQ(after.global_step, before.global_step + 1);
           EXPECT_EQ(after.adam_steps, before.adam_steps + 1);
@@ -665,7 +666,7 @@ TEST_F(ZeroOnDevice, StagesMatchTheFloat64Reference) {
                                     v1 = host_doubles(next.exp_avg_sq);
           Comparison weights("weights"), first("exp_avg"), second("exp_avg_sq");
           for (int64_t i = 0; i < numel; ++i) {
-            const ReferenceAdam want = reference_adam(g[i], w0[i], m0[i], v0[i], scalars, options.adam);
+            const ReferenceAdam want = reference_adam(g[i], w0[i], m0[i], v0[i], scalars, options.optimizer);
             const std::string where = "logical element " + std::to_string(i);
             weights.check(where, w1[i], want.weight, want.weight_tolerance);
             first.check(where, m1[i], want.exp_avg, want.exp_avg_tolerance);
@@ -690,7 +691,7 @@ TEST_F(ZeroOnDevice, ClippingMatchesTheFloat64Reference) {
     const at::ScalarType type = stage == 0 ? at::kBFloat16 : at::kFloat;
     ZeroOptions options;
     options.stage = stage;
-    options.adam = AdamOptions{2e-3, 0.9, 0.999, 1e-8, 0.01, true};
+    options.optimizer = OptimizerOptions{2e-3, 0.9, 0.999, 1e-8, 0.01, OptimizerKind::kAdamW};
     const std::vector<at::Tensor> initial = random_parameters(gen, type);
     int64_t numel = 0;
     for (const at::Tensor& p : initial) numel += p.numel();
@@ -709,7 +710,7 @@ TEST_F(ZeroOnDevice, ClippingMatchesTheFloat64Reference) {
       double squares = 0.0;
       for (double x : g) squares += x * x;
       const ReferenceScalars scalars =
-          reference_scalars(squares, 1.0, options.adam.lr, step + 1, options.clip_grad, options.adam);
+          reference_scalars(squares, 1.0, options.optimizer.lr, step + 1, options.clip_grad, options.optimizer);
       EXPECT_TRUE(scalars.clipped) << "norm " << scalars.grad_norm << ", clip " << options.clip_grad;
       EXPECT_NEAR(after.last_grad_norm, scalars.grad_norm, kNormTolerance * scalars.grad_norm);
       const std::vector<double> w0 = host_doubles(state.master), m0 = host_doubles(state.exp_avg),
@@ -718,7 +719,7 @@ TEST_F(ZeroOnDevice, ClippingMatchesTheFloat64Reference) {
                                 v1 = host_doubles(next.exp_avg_sq);
       Comparison weights("weights"), first("exp_avg"), second("exp_avg_sq");
       for (int64_t i = 0; i < numel; ++i) {
-        const ReferenceAdam want = reference_adam(g[i], w0[i], m0[i], v0[i], scalars, options.adam);
+        const ReferenceAdam want = reference_adam(g[i], w0[i], m0[i], v0[i], scalars, options.optimizer);
         const std::string where = "logical element " + std::to_string(i);
         weights.check(where, w1[i], want.weight, want.weight_tolerance);
         first.check(where, m1[i], want.exp_avg, want.exp_avg_tolerance);
@@ -736,7 +737,7 @@ TEST_F(ZeroOnDevice, HostDrivenStepEqualsTheDeviceStep) {
   std::mt19937_64 gen = generator_for(5);
   ZeroOptions options;
   options.stage = 1;
-  options.adam = AdamOptions{3e-3, 0.9, 0.999, 1e-8, 0.05, true};
+  options.optimizer = OptimizerOptions{3e-3, 0.9, 0.999, 1e-8, 0.05, OptimizerKind::kAdamW};
   options.clip_grad = 0.1;
   const std::vector<at::Tensor> initial = random_parameters(gen, at::kBFloat16);
   DeviceModel host_driven(initial, options, comm_);
@@ -765,7 +766,7 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
   std::mt19937_64 gen = generator_for(11);
   for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
     ZeroOptions options;
-    options.adam = AdamOptions{2e-3, 0.9, 0.999, 1e-8, 0.01, true};
+    options.optimizer = OptimizerOptions{2e-3, 0.9, 0.999, 1e-8, 0.01, OptimizerKind::kAdamW};
     options.clip_grad = 0.1;
     const std::vector<at::Tensor> initial = random_parameters(gen, type);
     std::vector<std::unique_ptr<DeviceModel>> stages;
@@ -795,13 +796,79 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
   }
 }
 
+// SGD (plain, with dampened momentum, Nesterov with weight decay) and a one-cycle schedule that
+// cycles SGD's momentum and Adam's beta1: the fused kernels against the same ZeroOptimizer on the
+// CPU, whose ATen updates equal torch.optim's (test_optimizer.cpp), at every stage, fp32 and bf16.
+TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
+  std::mt19937_64 gen = generator_for(17);
+  struct Case {
+    const char* name;
+    OptimizerKind kind;
+    double momentum, dampening, weight_decay;
+    bool nesterov, one_cycle;
+  };
+  const Case cases[] = {{"sgd", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, false},
+                        {"sgd momentum dampening", OptimizerKind::kSgd, 0.9, 0.1, 5e-4, false, false},
+                        {"sgd nesterov", OptimizerKind::kSgd, 0.9, 0.0, 5e-4, true, false},
+                        {"sgd one-cycle", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, true},
+                        {"adamw one-cycle", OptimizerKind::kAdamW, 0.0, 0.0, 0.01, false, true}};
+  for (const Case& c : cases) {
+    for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      for (int stage = 0; stage <= 2; ++stage) {
+        SCOPED_TRACE(std::string(c.name) + ", " + c10::toString(type) + ", stage " +
+                     std::to_string(stage));
+        ZeroOptions options;
+        options.stage = stage;
+        options.optimizer.kind = c.kind;
+        options.optimizer.lr = 0.05;
+        options.optimizer.momentum = c.momentum;
+        options.optimizer.dampening = c.dampening;
+        options.optimizer.nesterov = c.nesterov;
+        options.optimizer.weight_decay = c.weight_decay;
+        if (c.one_cycle) {
+          LrScheduleParams schedule;
+          schedule.kind = LrScheduleKind::kOneCycle;
+          schedule.lr = 0.05;
+          schedule.cycle_first_steps = 2;
+          schedule.cycle_second_steps = 3;
+          schedule.cycle_momentum = true;
+          options.lr_schedule = schedule;
+        }
+        const std::vector<at::Tensor> initial = random_parameters(gen, type);
+        std::vector<at::Tensor> initial_cpu;
+        for (const at::Tensor& t : initial) initial_cpu.push_back(t.cpu());
+        DeviceModel gpu(initial, options, comm_);
+        DeviceModel cpu(initial_cpu, options, comm_);
+        for (int step = 0; step < 6; ++step) {
+          const at::Tensor grads =
+              (at::randn({gpu.flat->numel()}, on_gpu(at::kFloat)) * 1e-1).to(type);
+          gpu.set_gradients(grads);
+          cpu.set_gradients(grads.cpu());
+          gpu.optimizer->step();
+          cpu.optimizer->step();
+          const at::Tensor difference = (gpu.flat->values().cpu().to(at::kFloat) -
+                                         cpu.flat->values().to(at::kFloat)).abs();
+          const at::Tensor size = cpu.flat->values().to(at::kFloat).abs() + 1e-3;
+          EXPECT_LT((difference / size).max().item<double>(), type == at::kFloat ? 1e-5 : 1e-2)
+              << "step " << step;
+          EXPECT_EQ(gpu.optimizer->report().last_lr, cpu.optimizer->report().last_lr);
+        }
+        const FullOptimizerState g = gpu.optimizer->gather_full_state();
+        const FullOptimizerState h = cpu.optimizer->gather_full_state();
+        EXPECT_TRUE(torch::allclose(g.exp_avg.cpu(), h.exp_avg, 1e-5, 1e-7));
+        EXPECT_TRUE(torch::allclose(g.master.cpu(), h.master, 1e-5, 1e-7));
+      }
+    }
+  }
+}
+
 // One fp16 run with a random overflow pattern: the device scaler must follow LossScaler::update
 // step for step, and an overflowed step must change nothing but the counters.
 void run_overflow_pattern(int stage, const LossScalerOptions& scaling, double overflow_probability,
                           int steps, std::mt19937_64& gen, Communicator& comm) {
   ZeroOptions options;
   options.stage = stage;
-  options.adam = AdamOptions{1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  options.optimizer = OptimizerOptions{1e-3, 0.9, 0.999, 1e-8, 0.01, OptimizerKind::kAdamW};
   options.check_overflow = true;
   options.loss_scaling = scaling;
   DeviceModel model(random_parameters(gen, at::kHalf), options, comm);
@@ -994,7 +1061,7 @@ TEST_F(ZeroOnDevice, GraphReplaysEqualEagerSteps) {
   scaling.hysteresis = 2;
   ZeroOptions options;
   options.stage = 1;
-  options.adam = AdamOptions{1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  options.optimizer = OptimizerOptions{1e-3, 0.9, 0.999, 1e-8, 0.01, OptimizerKind::kAdamW};
   options.clip_grad = 0.05;
   options.check_overflow = true;
   options.loss_scaling = scaling;

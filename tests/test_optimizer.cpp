@@ -1,4 +1,5 @@
-// adam_update against LibTorch's own Adam and AdamW on the same parameters and gradients.
+// adam_update and sgd_update against LibTorch's own Adam, AdamW and SGD on the same parameters
+// and gradients.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,7 +13,9 @@ void compare_with_libtorch(bool decoupled) {
   const int64_t n = 1000;
   torch::Tensor reference = torch::randn({n}, torch::kFloat).requires_grad_(true);
   torch::Tensor ours = reference.detach().clone();
-  const hpc_train::AdamOptions options{3e-3, 0.9, 0.99, 1e-8, 0.05, decoupled};
+  const hpc_train::OptimizerOptions options{
+      3e-3, 0.9, 0.99, 1e-8, 0.05,
+      decoupled ? hpc_train::OptimizerKind::kAdamW : hpc_train::OptimizerKind::kAdam};
   torch::Tensor exp_avg = torch::zeros_like(ours), exp_avg_sq = torch::zeros_like(ours);
   std::unique_ptr<torch::optim::Optimizer> libtorch;
   if (decoupled)
@@ -27,7 +30,8 @@ void compare_with_libtorch(bool decoupled) {
     const torch::Tensor grad = torch::randn({n}) * (step + 1);
     reference.mutable_grad() = grad.clone();
     libtorch->step();
-    hpc_train::adam_update(ours, grad, exp_avg, exp_avg_sq, step + 1, options.lr, options);
+    hpc_train::adam_update(ours, grad, exp_avg, exp_avg_sq, step + 1, options.lr, options.beta1,
+                           options);
   }
   const double relative = ((ours - reference.detach()).norm() / reference.detach().norm()).item<double>();
   EXPECT_LT(relative, 1e-6) << (decoupled ? "AdamW" : "Adam");
@@ -41,25 +45,94 @@ TEST(AdamUpdate, MatchesLibTorchAdam) { compare_with_libtorch(false); }
 TEST(AdamUpdate, FirstStepMovesEachWeightByLr) {
   // After one step with zero weight decay, m/sqrt(v) = sign(g), so every weight moves by lr.
   torch::Tensor p = torch::zeros({4});
-  const hpc_train::AdamOptions options{0.1, 0.9, 0.999, 1e-12, 0.0, true};
+  const hpc_train::OptimizerOptions options{0.1, 0.9, 0.999, 1e-12, 0.0};
   hpc_train::adam_update(p, torch::tensor({1.0f, -2.0f, 3.0f, -0.5f}), torch::zeros({4}),
-                         torch::zeros({4}), 1, options.lr, options);
+                         torch::zeros({4}), 1, options.lr, options.beta1, options);
   EXPECT_TRUE(torch::allclose(p, torch::tensor({-0.1f, 0.1f, -0.1f, 0.1f}), 0, 1e-6));
 }
 
-// --optimizer adamw decays the weights directly, adam adds the decay to the gradient.
-TEST(AdamUpdate, OptimizerKindPicksTheWeightDecay) {
+// --optimizer adamw decays the weights directly, adam and sgd add the decay to the gradient; only
+// SGD with momentum (or a cycled one) keeps one buffer, Adam two.
+TEST(OptimizerOptions, KindPicksTheWeightDecayAndTheState) {
   using hpc_train::OptimizerKind;
-  const hpc_train::AdamOptions adamw =
-      hpc_train::adam_options(OptimizerKind::kAdamW, 1e-3, 0.8, 0.99, 1e-6, 0.05);
-  EXPECT_TRUE(adamw.decoupled_weight_decay);
-  EXPECT_EQ(adamw.lr, 1e-3);
-  EXPECT_EQ(adamw.beta1, 0.8);
-  EXPECT_EQ(adamw.beta2, 0.99);
-  EXPECT_EQ(adamw.eps, 1e-6);
-  EXPECT_EQ(adamw.weight_decay, 0.05);
-  const hpc_train::AdamOptions adam =
-      hpc_train::adam_options(OptimizerKind::kAdam, 1e-3, 0.8, 0.99, 1e-6, 0.05);
-  EXPECT_FALSE(adam.decoupled_weight_decay);
-  EXPECT_EQ(adam.weight_decay, 0.05);
+  hpc_train::OptimizerOptions options;
+  EXPECT_TRUE(options.decoupled_weight_decay());
+  EXPECT_EQ(hpc_train::state_buffers(options, false), 2);
+  options.kind = OptimizerKind::kAdam;
+  EXPECT_FALSE(options.decoupled_weight_decay());
+  EXPECT_EQ(hpc_train::state_buffers(options, true), 2);
+  options.kind = OptimizerKind::kSgd;
+  EXPECT_FALSE(options.decoupled_weight_decay());
+  EXPECT_EQ(hpc_train::state_buffers(options, false), 0);
+  EXPECT_EQ(hpc_train::state_buffers(options, true), 1);
+  options.momentum = 0.9;
+  EXPECT_EQ(hpc_train::state_buffers(options, false), 1);
+}
+
+// sgd_update against torch::optim::SGD for every combination torch allows: plain, momentum,
+// dampening, Nesterov, with and without weight decay, over steps whose gradients change.
+TEST(SgdUpdate, MatchesLibTorchSgd) {
+  struct Case {
+    double momentum, dampening, weight_decay;
+    bool nesterov;
+  };
+  for (const Case& c : {Case{0.0, 0.0, 0.0, false}, Case{0.0, 0.0, 5e-4, false},
+                        Case{0.9, 0.0, 0.0, false}, Case{0.9, 0.1, 5e-4, false},
+                        Case{0.9, 0.0, 5e-4, true}, Case{0.5, 0.0, 0.0, true}}) {
+    torch::manual_seed(11);
+    const int64_t n = 1000;
+    torch::Tensor reference = torch::randn({n}, torch::kFloat).requires_grad_(true);
+    torch::Tensor ours = reference.detach().clone();
+    hpc_train::OptimizerOptions options;
+    options.kind = hpc_train::OptimizerKind::kSgd;
+    options.lr = 0.05;
+    options.weight_decay = c.weight_decay;
+    options.momentum = c.momentum;
+    options.dampening = c.dampening;
+    options.nesterov = c.nesterov;
+    torch::optim::SGD libtorch({reference}, torch::optim::SGDOptions(0.05)
+                                                .momentum(c.momentum)
+                                                .dampening(c.dampening)
+                                                .weight_decay(c.weight_decay)
+                                                .nesterov(c.nesterov));
+    torch::Tensor buffer =
+        hpc_train::state_buffers(options, false) == 1 ? torch::zeros_like(ours) : torch::Tensor();
+    for (int step = 0; step < 10; ++step) {
+      const torch::Tensor grad = torch::randn({n}) * (step + 1);
+      reference.mutable_grad() = grad.clone();
+      libtorch.step();
+      hpc_train::sgd_update(ours, grad, buffer, step + 1, options.lr, options.momentum, options);
+    }
+    EXPECT_TRUE(torch::equal(ours, reference.detach()))
+        << "momentum " << c.momentum << " dampening " << c.dampening << " weight decay "
+        << c.weight_decay << " nesterov " << c.nesterov << ": max difference "
+        << (ours - reference.detach()).abs().max().item<double>();
+  }
+}
+
+// Adam with a beta1 that changes every step (a one-cycle schedule's) is torch's Adam with the
+// group's betas changed before each step: the bias correction uses the step's beta1.
+TEST(AdamUpdate, ACycledBeta1IsTorchsWithChangedBetas) {
+  torch::manual_seed(5);
+  const int64_t n = 500;
+  torch::Tensor reference = torch::randn({n}, torch::kFloat).requires_grad_(true);
+  torch::Tensor ours = reference.detach().clone();
+  const hpc_train::OptimizerOptions options{1e-2, 0.9, 0.99, 1e-8, 0.01};
+  torch::optim::AdamW libtorch({reference}, torch::optim::AdamWOptions(1e-2)
+                                                .betas({0.9, 0.99})
+                                                .eps(1e-8)
+                                                .weight_decay(0.01));
+  torch::Tensor exp_avg = torch::zeros_like(ours), exp_avg_sq = torch::zeros_like(ours);
+  for (int step = 0; step < 10; ++step) {
+    const double beta1 = 0.9 - 0.01 * step;
+    static_cast<torch::optim::AdamWOptions&>(libtorch.param_groups()[0].options())
+        .betas({beta1, 0.99});
+    const torch::Tensor grad = torch::randn({n});
+    reference.mutable_grad() = grad.clone();
+    libtorch.step();
+    hpc_train::adam_update(ours, grad, exp_avg, exp_avg_sq, step + 1, options.lr, beta1, options);
+  }
+  const double relative =
+      ((ours - reference.detach()).norm() / reference.detach().norm()).item<double>();
+  EXPECT_LT(relative, 1e-6);
 }

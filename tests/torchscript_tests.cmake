@@ -20,3 +20,6 @@ if(HPC_TRAIN_GPU_BUILD)
   hpc_train_add_script_test(NAME test_torchscript_gpu SCRIPT test_torchscript_gpu.sh TIMEOUT 600
                             LABELS gpu)
 endif()
+# The training recipes (SGD + Nesterov, schedules) against PyTorch's own optimizers and
+# schedulers on a scripted model, and their state across a resume (tests/test_recipes.sh).
+hpc_train_add_script_test(NAME test_recipes SCRIPT test_recipes.sh TIMEOUT 600)

@@ -115,17 +115,24 @@ const OptionSpec kOptions[] = {
     {"eval-batch", "training", &TrainConfig::eval_batch,
      "samples per rank per evaluation batch; 0 = auto (on a GPU as many as 16 MiB of float32 "
      "input holds, 256 to 4096; 256 on the CPU)"},
-    {"optimizer", "training", &TrainConfig::optimizer, "adamw or adam"},
+    {"optimizer", "training", &TrainConfig::optimizer, "adamw, adam or sgd"},
     {"lr", "training", &TrainConfig::lr, "learning rate"},
     {"beta1", "training", &TrainConfig::beta1, "Adam's first-moment decay"},
     {"beta2", "training", &TrainConfig::beta2, "Adam's second-moment decay"},
     {"eps", "training", &TrainConfig::eps, "Adam's denominator epsilon"},
-    {"weight-decay", "training", &TrainConfig::weight_decay, "decoupled for adamw, L2 for adam"},
+    {"weight-decay", "training", &TrainConfig::weight_decay,
+     "decoupled for adamw, L2 for adam and sgd"},
+    {"label-smoothing", "training", &TrainConfig::label_smoothing,
+     "the training loss's label smoothing in [0, 1) (torch.nn.CrossEntropyLoss's); 0 = none"},
+    {"momentum", "training", &TrainConfig::momentum, "SGD's momentum; 0 = plain SGD"},
+    {"dampening", "training", &TrainConfig::dampening, "SGD's dampening of the momentum"},
+    {"nesterov", "training", &TrainConfig::nesterov, "SGD with Nesterov momentum"},
     {"seed", "training", &TrainConfig::seed, "seeds initialisation and the epoch plan"},
     {"grad-accum", "training", &TrainConfig::grad_accum, "micro-steps per optimizer step"},
     {"clip-grad", "training", &TrainConfig::clip_grad,
      "max global gradient norm; 0 = no clipping"},
-    {"lr-schedule", "training", &TrainConfig::lr_schedule, "constant, warmup or warmup-cosine"},
+    {"lr-schedule", "training", &TrainConfig::lr_schedule,
+     "constant, warmup, warmup-cosine, warmup-decay, one-cycle or multistep"},
     {"warmup-steps", "training", &TrainConfig::warmup_steps,
      "optimizer steps of warm-up; 0 = none"},
     {"warmup-type", "training", &TrainConfig::warmup_type,
@@ -135,7 +142,28 @@ const OptionSpec kOptions[] = {
     {"cosine-final-ratio", "training", &TrainConfig::cosine_final_ratio,
      "lr at the cosine's end, as a fraction of --lr"},
     {"schedule-steps", "training", &TrainConfig::schedule_steps,
-     "the cosine's length in steps; 0 = whole run"},
+     "the step where the cosine or decay ends; 0 = the run's end"},
+    {"cycle-min-ratio", "training", &TrainConfig::cycle_min_ratio,
+     "one-cycle: the lowest lr, as a fraction of --lr (the peak)"},
+    {"cycle-first-steps", "training", &TrainConfig::cycle_first_steps,
+     "one-cycle: steps up; 0 = half the run"},
+    {"cycle-second-steps", "training", &TrainConfig::cycle_second_steps,
+     "one-cycle: steps down; 0 = as many as up"},
+    {"cycle-decay-steps", "training", &TrainConfig::cycle_decay_steps,
+     "one-cycle: the decay's step size after the cycle; 0 = no decay"},
+    {"cycle-decay-lr-rate", "training", &TrainConfig::cycle_decay_lr_rate,
+     "one-cycle: lr = min / (1 + rate x steps after / --cycle-decay-steps)"},
+    {"cycle-decay-momentum-rate", "training", &TrainConfig::cycle_decay_momentum_rate,
+     "one-cycle: momentum = max x (1 + rate x steps after / --cycle-decay-steps)"},
+    {"cycle-momentum", "training", &TrainConfig::cycle_momentum,
+     "one-cycle: cycle SGD's momentum (Adam's beta1) against the lr"},
+    {"cycle-min-momentum", "training", &TrainConfig::cycle_min_momentum,
+     "one-cycle: the momentum at the lr's peak"},
+    {"cycle-max-momentum", "training", &TrainConfig::cycle_max_momentum,
+     "one-cycle: the momentum at the lr's lowest"},
+    {"lr-milestones", "training", &TrainConfig::lr_milestones,
+     "multistep: optimizer steps where the lr is multiplied by --lr-gamma, e.g. 3000,6000"},
+    {"lr-gamma", "training", &TrainConfig::lr_gamma, "multistep: the lr's factor at a milestone"},
     {"zero-stage", "zero", &TrainConfig::zero_stage,
      "0 none; 1 optimizer state; 2 also gradients"},
     {"precision", "zero", &TrainConfig::precision, "fp32, fp16 or bf16 (the model's dtype)"},
@@ -660,7 +688,73 @@ void require(bool holds, const char* option, const T& value, const std::string& 
   throw ConfigError(std::string("--") + option + " " + shown + ": " + what_works);
 }
 
+// --momentum, --dampening and --nesterov: torch.optim.SGD's rules, and only for SGD.
+void validate_sgd(const TrainConfig& c) {
+  const bool sgd = c.optimizer == OptimizerKind::kSgd;
+  require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "momentum", c.momentum,
+          "must be in [0, 1), e.g. 0.9 (0 = plain SGD)");
+  require(c.dampening >= 0 && c.dampening <= 1, "dampening", c.dampening, "must be in [0, 1]");
+  const std::string sgd_only = "applies to --optimizer sgd only (Adam's momentum is --beta1)";
+  require(sgd || c.momentum == 0, "momentum", c.momentum, sgd_only);
+  require(sgd || c.dampening == 0, "dampening", c.dampening, sgd_only);
+  require(sgd || !c.nesterov, "nesterov", c.nesterov, sgd_only);
+  require(!c.nesterov || (c.momentum > 0 && c.dampening == 0), "nesterov", c.nesterov,
+          "needs --momentum > 0 and --dampening 0 (torch.optim.SGD's rule)");
+}
+
+// The schedules' own options, where the schedule is chosen (LrSchedule checks the resolved ones).
+void validate_schedule_shape(const TrainConfig& c) {
+  const bool one_cycle = c.lr_schedule == LrScheduleKind::kOneCycle;
+  require(c.cycle_min_ratio >= 0 && c.cycle_min_ratio <= 1, "cycle-min-ratio", c.cycle_min_ratio,
+          "must be in [0, 1] (a fraction of --lr, the cycle's peak), e.g. 0.1");
+  require(c.cycle_first_steps >= 0 && c.cycle_second_steps >= 0 && c.cycle_decay_steps >= 0,
+          "cycle-first-steps", c.cycle_first_steps,
+          "--cycle-first-steps, --cycle-second-steps and --cycle-decay-steps must be 0 (the "
+          "default) or more");
+  require(c.cycle_decay_lr_rate >= 0 && c.cycle_decay_momentum_rate >= 0, "cycle-decay-lr-rate",
+          c.cycle_decay_lr_rate,
+          "--cycle-decay-lr-rate and --cycle-decay-momentum-rate must be >= 0");
+  require(c.cycle_min_momentum >= 0 && c.cycle_min_momentum <= c.cycle_max_momentum &&
+              c.cycle_max_momentum < 1,
+          "cycle-min-momentum", c.cycle_min_momentum,
+          "needs 0 <= --cycle-min-momentum <= --cycle-max-momentum (" +
+              format_value(c.cycle_max_momentum) + ") < 1");
+  require(!one_cycle || !c.cycle_momentum || c.optimizer != OptimizerKind::kSgd ||
+              !c.nesterov || c.cycle_min_momentum > 0,
+          "cycle-min-momentum", c.cycle_min_momentum, "must be > 0 with --nesterov");
+  require(c.lr_gamma > 0 && c.lr_gamma <= 1, "lr-gamma", c.lr_gamma, "must be in (0, 1], e.g. 0.1");
+  const std::vector<int64_t> milestones = lr_milestone_steps(c.lr_milestones);
+  require(c.lr_schedule == LrScheduleKind::kMultiStep || milestones.empty(), "lr-milestones",
+          c.lr_milestones, "applies to --lr-schedule multistep only");
+  require(c.lr_schedule != LrScheduleKind::kMultiStep || !milestones.empty(), "lr-schedule",
+          c.lr_schedule, "multistep needs --lr-milestones, e.g. 3000,6000 (optimizer steps)");
+}
+
 }  // namespace
+
+std::vector<int64_t> lr_milestone_steps(const std::string& text) {
+  std::vector<int64_t> steps;
+  if (text.empty()) return steps;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    size_t used = 0;
+    int64_t step = 0;
+    try {
+      step = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || step < 1 || (!steps.empty() && step < steps.back()))
+      throw ConfigError("--lr-milestones " + text + ": '" + item +
+                        "' is not an optimizer step >= 1 in ascending order (e.g. 3000,6000)");
+    steps.push_back(step);
+  }
+  if (static_cast<int>(steps.size()) > LrScheduleParams::kMaxMilestones)
+    throw ConfigError("--lr-milestones " + text + ": at most " +
+                      std::to_string(LrScheduleParams::kMaxMilestones) + " milestones");
+  return steps;
+}
 
 void validate(const TrainConfig& c) {
   require(!c.dataset_path.empty(), "dataset", c.dataset_path,
@@ -722,6 +816,10 @@ void validate(const TrainConfig& c) {
           "the cosine would end before the warm-up (--warmup-steps " +
               std::to_string(c.warmup_steps) + ") does; give at least " +
               std::to_string(c.warmup_steps) + ", or 0 for the whole run");
+  require(c.label_smoothing >= 0 && c.label_smoothing < 1, "label-smoothing", c.label_smoothing,
+          "must be in [0, 1), e.g. 0.1 (0 = none)");
+  validate_sgd(c);
+  validate_schedule_shape(c);
   require(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage,
           "must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not supported)");
   require(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "loss-scale", c.loss_scale,

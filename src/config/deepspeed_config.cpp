@@ -88,6 +88,14 @@ constexpr const char* kDsWarmupType = "log";
 constexpr double kDsWarmupMinLr = 0.0;
 constexpr double kDsWarmupMinRatio = 0.0;
 constexpr double kDsCosMinRatio = 0.0001;
+// OneCycle's keyword defaults; its cycle_min_lr and cycle_max_lr have none.
+constexpr int64_t kDsCycleFirstStepSize = 2000;
+constexpr double kDsCycleMinMom = 0.8;
+constexpr double kDsCycleMaxMom = 0.9;
+// DeepSpeed's OneCycle sets Adam's betas to (cycled momentum, 0.99) while it cycles.
+constexpr double kDsOneCycleBeta2 = 0.99;
+// torch.optim.SGD's defaults (DeepSpeed builds an optimizer it does not know by its torch name).
+constexpr double kDsSgdLr = 1e-3;
 // DeepSpeed's warm-up divides by log(warmup_num_steps), so it lengthens shorter ones to 2 steps.
 constexpr int64_t kDsMinWarmupNumSteps = 2;
 
@@ -716,14 +724,18 @@ class Importer {
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     // DeepSpeed compares optimizer names in lower case.
-    if (lower != "adam" && lower != "adamw") {
+    if (lower != "adam" && lower != "adamw" && lower != "sgd") {
       throw ConfigError(where() + "'optimizer.type' \"" + type +
                         "\" is not supported: hpc_train runs \"Adam\" (AdamW unless "
-                        "params.adam_w_mode is false, as in DeepSpeed) and \"AdamW\"");
+                        "params.adam_w_mode is false, as in DeepSpeed), \"AdamW\" and \"SGD\"");
     }
     static const json kNoParams = json::object();
     const json* params_value = member(block, "params");
     const json& params = params_value ? object(*params_value, "optimizer.params") : kNoParams;
+    if (lower == "sgd") {
+      apply_sgd(params, type_auto);
+      return;
+    }
     if (member(params, "max_grad_norm")) {
       throw ConfigError(where() +
                         "'optimizer.params.max_grad_norm' is not an optimizer parameter "
@@ -792,6 +804,148 @@ class Importer {
     return steps;
   }
 
+  // DeepSpeed hands an optimizer type it does not implement itself to torch.optim by name, with
+  // the params as keyword arguments: "SGD" is torch.optim.SGD.
+  void apply_sgd(const json& params, bool type_auto) {
+    check_keys(params, "optimizer.params",
+               {"lr", "momentum", "dampening", "weight_decay", "nesterov"});
+    if (!type_auto) set("optimizer", "optimizer.type", &TrainConfig::optimizer, OptimizerKind::kSgd);
+    set_number(params, "optimizer.params", "lr", "lr", &TrainConfig::lr, kDsSgdLr);
+    set_number(params, "optimizer.params", "momentum", "momentum", &TrainConfig::momentum, 0.0);
+    set_number(params, "optimizer.params", "dampening", "dampening", &TrainConfig::dampening, 0.0);
+    set_number(params, "optimizer.params", "weight_decay", "weight-decay",
+               &TrainConfig::weight_decay, 0.0);
+    const json* nesterov = member(params, "nesterov");
+    if (nesterov && left_to_us(*nesterov, "optimizer.params.nesterov", "nesterov",
+                               &TrainConfig::nesterov)) {
+      return;
+    }
+    set("nesterov", "optimizer.params.nesterov", &TrainConfig::nesterov,
+        nesterov ? boolean(*nesterov, "optimizer.params.nesterov") : false, nesterov != nullptr);
+  }
+
+  // A whole number of steps >= 0 from `params`, or DeepSpeed's default.
+  void set_steps(const json& params, const char* name, const char* option,
+                 int64_t TrainConfig::*field, int64_t ds_default) {
+    const std::string key = std::string("scheduler.params.") + name;
+    const json* value = member(params, name);
+    if (value && left_to_us(*value, key, option, field)) return;
+    const int64_t steps = value ? whole(*value, key) : ds_default;
+    if (steps < 0) throw ConfigError(where() + "'" + key + "' " + std::to_string(steps) + ": must be >= 0");
+    set(option, key, field, steps, value != nullptr);
+  }
+
+  // The peak lr of a schedule (WarmupLR's warmup_max_lr, OneCycle's cycle_max_lr) replaces the
+  // optimizer's lr, as in DeepSpeed, which sets the groups' lr from the schedule.
+  void set_peak_lr(const json& value, const std::string& key, const json& root) {
+    if (left_to_us(value, key, "lr", &TrainConfig::lr)) return;
+    const double lr = number(value, key);
+    const json* optimizer = member(root, "optimizer");
+    const json* params_of_optimizer = optimizer ? member(*optimizer, "params") : nullptr;
+    const json* optimizer_lr = params_of_optimizer ? member(*params_of_optimizer, "lr") : nullptr;
+    if (optimizer_lr && optimizer_lr->is_number() && optimizer_lr->get<double>() != lr) {
+      warn("'optimizer.params.lr' " + show(optimizer_lr->get<double>()) + " is replaced by '" +
+           key + "' " + show(lr) + ", as in DeepSpeed");
+    }
+    set("lr", key, &TrainConfig::lr, lr);
+  }
+
+  // WarmupLR's params (WarmupDecayLR's too): the peak, the warm-up and its start.
+  void apply_warmup_lr(const json& params, const json& root) {
+    // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
+    if (const json* max_lr = member(params, "warmup_max_lr"))
+      set_peak_lr(*max_lr, "scheduler.params.warmup_max_lr", root);
+    apply_warmup_num_steps(params);
+    apply_warmup_type(params);
+    // DeepSpeed's warmup_min_lr is absolute; here the start is a fraction of the lr that the
+    // run uses (the command line's, if it gave one), which keeps the file's starting lr.
+    const json* min_value = member(params, "warmup_min_lr");
+    if (min_value && left_to_us(*min_value, "scheduler.params.warmup_min_lr",
+                                "warmup-start-ratio", &TrainConfig::warmup_start_ratio)) {
+      return;
+    }
+    const double min_lr =
+        min_value ? number(*min_value, "scheduler.params.warmup_min_lr") : kDsWarmupMinLr;
+    if (min_lr < 0 || (config_.lr > 0 && min_lr > config_.lr)) {
+      throw ConfigError(where() + "'scheduler.params.warmup_min_lr' " + show(min_lr) +
+                        " must be in [0, " + show(config_.lr) +
+                        "] (the lr it warms up to): hpc_train's warm-up rises");
+    }
+    if (config_.lr > 0) {
+      set("warmup-start-ratio", "scheduler.params.warmup_min_lr",
+          &TrainConfig::warmup_start_ratio, min_lr / config_.lr, min_value != nullptr);
+    }
+  }
+
+  void apply_one_cycle(const json& params, const json& root) {
+    check_keys(params, "scheduler.params",
+               {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
+                "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
+                "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom",
+                "decay_mom_rate", "last_batch_iteration"});
+    check_last_batch_iteration(params);
+    for (const char* name : {"cycle_min_lr", "cycle_max_lr"}) {
+      if (!member(params, name))
+        throw ConfigError(where() + "OneCycle needs 'scheduler.params." + name +
+                          "' (DeepSpeed requires it too)");
+    }
+    for (const char* name : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
+      if (member(params, name))
+        warn(std::string("'scheduler.params.") + name +
+             "' is accepted and has no effect, as in DeepSpeed, whose OneCycle keeps but never "
+             "reads it");
+    }
+    set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kOneCycle);
+    set_peak_lr(*member(params, "cycle_max_lr"), "scheduler.params.cycle_max_lr", root);
+    // DeepSpeed's cycle_min_lr is absolute; here a fraction of the peak, as --warmup-start-ratio.
+    const json& min_value = *member(params, "cycle_min_lr");
+    if (!left_to_us(min_value, "scheduler.params.cycle_min_lr", "cycle-min-ratio",
+                    &TrainConfig::cycle_min_ratio)) {
+      const double min_lr = number(min_value, "scheduler.params.cycle_min_lr");
+      if (min_lr < 0 || min_lr > config_.lr) {
+        throw ConfigError(where() + "'scheduler.params.cycle_min_lr' " + show(min_lr) +
+                          " must be in [0, " + show(config_.lr) + "] (the cycle's peak)");
+      }
+      set("cycle-min-ratio", "scheduler.params.cycle_min_lr", &TrainConfig::cycle_min_ratio,
+          min_lr / config_.lr);
+    }
+    set_steps(params, "cycle_first_step_size", "cycle-first-steps",
+              &TrainConfig::cycle_first_steps, kDsCycleFirstStepSize);
+    // DeepSpeed's default for the way down is the way up: --cycle-second-steps 0 means that.
+    set_steps(params, "cycle_second_step_size", "cycle-second-steps",
+              &TrainConfig::cycle_second_steps, 0);
+    set_steps(params, "decay_step_size", "cycle-decay-steps", &TrainConfig::cycle_decay_steps, 0);
+    set_number(params, "scheduler.params", "decay_lr_rate", "cycle-decay-lr-rate",
+               &TrainConfig::cycle_decay_lr_rate, 0.0);
+    set_number(params, "scheduler.params", "decay_mom_rate", "cycle-decay-momentum-rate",
+               &TrainConfig::cycle_decay_momentum_rate, 0.0);
+    set_number(params, "scheduler.params", "cycle_min_mom", "cycle-min-momentum",
+               &TrainConfig::cycle_min_momentum, kDsCycleMinMom);
+    set_number(params, "scheduler.params", "cycle_max_mom", "cycle-max-momentum",
+               &TrainConfig::cycle_max_momentum, kDsCycleMaxMom);
+    const json* cycle = member(params, "cycle_momentum");
+    if (cycle && left_to_us(*cycle, "scheduler.params.cycle_momentum", "cycle-momentum",
+                            &TrainConfig::cycle_momentum)) {
+      return;
+    }
+    const bool cycles = cycle ? boolean(*cycle, "scheduler.params.cycle_momentum") : true;
+    set("cycle-momentum", "scheduler.params.cycle_momentum", &TrainConfig::cycle_momentum, cycles,
+        cycle != nullptr);
+    // Note [Cycled momentum] in lr_schedule.h: DeepSpeed sets Adam's beta2 to 0.99 while it
+    // cycles beta1, and does not cycle SGD's momentum (its SGD has no betas).
+    if (cycles && config_.optimizer != OptimizerKind::kSgd) {
+      if (config_.beta2 != kDsOneCycleBeta2) {
+        warn("'optimizer.params.betas[1]' " + show(config_.beta2) + " becomes " +
+             show(kDsOneCycleBeta2) + " under OneCycle's cycle_momentum, as in DeepSpeed");
+      }
+      set("beta2", "scheduler.params.cycle_momentum", &TrainConfig::beta2, kDsOneCycleBeta2);
+    } else if (cycles) {
+      warn("OneCycle's cycle_momentum: DeepSpeed leaves SGD's momentum alone (it cycles only "
+           "betas), hpc_train cycles it as PyTorch's OneCycleLR does; give \"cycle_momentum\": "
+           "false for DeepSpeed's behaviour");
+    }
+  }
+
   void apply_warmup_num_steps(const json& params) {
     const json* value = member(params, "warmup_num_steps");
     if (value && left_to_us(*value, "scheduler.params.warmup_num_steps", "warmup-steps",
@@ -837,7 +991,8 @@ class Importer {
     const json* type_value = member(block, "type");
     if (!type_value) {
       throw ConfigError(where() +
-                        "'scheduler' has no 'type'; give \"WarmupLR\" or \"WarmupCosineLR\"");
+                        "'scheduler' has no 'type'; give \"WarmupLR\", \"WarmupCosineLR\", "
+                        "\"WarmupDecayLR\" or \"OneCycle\"");
     }
     const std::string type = text(*type_value, "scheduler.type");
     static const json kNoParams = json::object();
@@ -850,42 +1005,28 @@ class Importer {
                   "last_batch_iteration"});
       check_last_batch_iteration(params);
       set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule, LrScheduleKind::kWarmup);
-      // Without warmup_max_lr, DeepSpeed warms up to the optimizer's lr (older versions: 1e-3).
-      if (const json* max_lr = member(params, "warmup_max_lr");
-          max_lr &&
-          !left_to_us(*max_lr, "scheduler.params.warmup_max_lr", "lr", &TrainConfig::lr)) {
-        const double lr = number(*max_lr, "scheduler.params.warmup_max_lr");
-        const json* optimizer = member(root, "optimizer");
-        const json* params_of_optimizer = optimizer ? member(*optimizer, "params") : nullptr;
-        const json* optimizer_lr =
-            params_of_optimizer ? member(*params_of_optimizer, "lr") : nullptr;
-        if (optimizer_lr && optimizer_lr->is_number() && optimizer_lr->get<double>() != lr) {
-          warn("'optimizer.params.lr' " + show(optimizer_lr->get<double>()) +
-               " is replaced by 'scheduler.params.warmup_max_lr' " + show(lr) +
-               ", as in DeepSpeed");
-        }
-        set("lr", "scheduler.params.warmup_max_lr", &TrainConfig::lr, lr);
+      apply_warmup_lr(params, root);
+    } else if (type == "WarmupDecayLR") {
+      check_keys(params, "scheduler.params",
+                 {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                  "warmup_type", "last_batch_iteration"});
+      check_last_batch_iteration(params);
+      const json* total = member(params, "total_num_steps");
+      if (!total) {
+        throw ConfigError(where() +
+                          "WarmupDecayLR needs 'scheduler.params.total_num_steps' (the step at "
+                          "which the decay ends; DeepSpeed requires it too)");
       }
-      apply_warmup_num_steps(params);
-      apply_warmup_type(params);
-      // DeepSpeed's warmup_min_lr is absolute; here the start is a fraction of the lr that the
-      // run uses (the command line's, if it gave one), which keeps the file's starting lr.
-      const json* min_value = member(params, "warmup_min_lr");
-      if (min_value && left_to_us(*min_value, "scheduler.params.warmup_min_lr",
-                                  "warmup-start-ratio", &TrainConfig::warmup_start_ratio)) {
-        return;
+      set("lr-schedule", "scheduler.type", &TrainConfig::lr_schedule,
+          LrScheduleKind::kWarmupDecay);
+      if (!left_to_us(*total, "scheduler.params.total_num_steps", "schedule-steps",
+                      &TrainConfig::schedule_steps)) {
+        set("schedule-steps", "scheduler.params.total_num_steps", &TrainConfig::schedule_steps,
+            whole(*total, "scheduler.params.total_num_steps"));
       }
-      const double min_lr =
-          min_value ? number(*min_value, "scheduler.params.warmup_min_lr") : kDsWarmupMinLr;
-      if (min_lr < 0 || (config_.lr > 0 && min_lr > config_.lr)) {
-        throw ConfigError(where() + "'scheduler.params.warmup_min_lr' " + show(min_lr) +
-                          " must be in [0, " + show(config_.lr) +
-                          "] (the lr it warms up to): hpc_train's warm-up rises");
-      }
-      if (config_.lr > 0) {
-        set("warmup-start-ratio", "scheduler.params.warmup_min_lr",
-            &TrainConfig::warmup_start_ratio, min_lr / config_.lr, min_value != nullptr);
-      }
+      apply_warmup_lr(params, root);
+    } else if (type == "OneCycle") {
+      apply_one_cycle(params, root);
     } else if (type == "WarmupCosineLR") {
       check_keys(params, "scheduler.params",
                  {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
@@ -913,8 +1054,9 @@ class Importer {
                  &TrainConfig::cosine_final_ratio, kDsCosMinRatio);
     } else {
       throw ConfigError(where() + "'scheduler.type' \"" + type +
-                        "\" is not supported: hpc_train has \"WarmupLR\" (--lr-schedule warmup) "
-                        "and \"WarmupCosineLR\" (--lr-schedule warmup-cosine)");
+                        "\" is not supported: hpc_train has \"WarmupLR\" (--lr-schedule warmup), "
+                        "\"WarmupCosineLR\" (warmup-cosine), \"WarmupDecayLR\" (warmup-decay) "
+                        "and \"OneCycle\" (one-cycle)");
     }
   }
 

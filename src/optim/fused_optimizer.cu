@@ -162,6 +162,10 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
   const double loss_scale = from_host ? host_inputs.loss_scale : state.loss_scale;
   // Note [Schedule step]: the schedule advances with the applied steps only.
   state.lr = from_host ? host_inputs.lr : lr_at(options.lr_schedule, state.adam_steps);
+  // Note [Cycled momentum] in lr_schedule.h: at the same step as the lr.
+  const double momentum =
+      momentum_at(options.lr_schedule, state.adam_steps,
+                  options.rule == FusedRule::kAdam ? options.beta1 : options.momentum);
   const bool overflow = options.check_overflow && !isfinite(squares);
   state.found_inf = overflow ? 1 : 0;
   state.grad_norm = 0.0;
@@ -174,12 +178,22 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
       if (clip_coefficient < 1.0) multiplier *= clip_coefficient;
     }
     ++state.adam_steps;
-    const double bias_correction1 = 1.0 - pow(options.beta1, static_cast<double>(state.adam_steps));
-    const double bias_correction2 = 1.0 - pow(options.beta2, static_cast<double>(state.adam_steps));
     state.grad_multiplier = static_cast<float>(multiplier);
     state.decay_factor = static_cast<float>(1.0 - state.lr * options.weight_decay);
-    state.step_size = static_cast<float>(-state.lr / bias_correction1);
-    state.sqrt_bias_correction2 = static_cast<float>(sqrt(bias_correction2));
+    state.momentum = static_cast<float>(momentum);
+    if (options.rule == FusedRule::kAdam) {
+      const double steps = static_cast<double>(state.adam_steps);
+      const double bias_correction1 = 1.0 - pow(momentum, steps);
+      const double bias_correction2 = 1.0 - pow(options.beta2, steps);
+      state.one_minus_momentum = static_cast<float>(1.0 - momentum);
+      state.step_size = static_cast<float>(-state.lr / bias_correction1);
+      state.sqrt_bias_correction2 = static_cast<float>(sqrt(bias_correction2));
+    } else {
+      const bool first = state.adam_steps == 1;
+      state.step_size = static_cast<float>(-state.lr);
+      state.buffer_keep = first ? 0.0f : static_cast<float>(momentum);
+      state.gradient_share = first ? 1.0f : static_cast<float>(1.0 - options.dampening);
+    }
   }
   if (!from_host) update_loss_scale(state, overflow, options);
   ++state.global_step;
@@ -187,10 +201,8 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
   *loss_scale_out = static_cast<float>(state.loss_scale);
 }
 
-// adam_update's hyper-parameters as its ATen operations on fp32 tensors see them.
+// The run's constants of the update rules, as their ATen operations on fp32 tensors see them.
 struct AdamConstants {
-  float beta1;
-  float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
   float eps;
@@ -199,30 +211,63 @@ struct AdamConstants {
   bool has_weight_decay;
 };
 
+struct SgdConstants {
+  float weight_decay;
+  bool has_weight_decay;
+  bool nesterov;
+};
+
+// One step's scalars (FusedStepState's), read once per thread.
 struct StepScalars {
   float grad_multiplier;
   float decay_factor;
   float step_size;
   float sqrt_bias_correction2;
+  float momentum;
+  float one_minus_momentum;
+  float buffer_keep;
+  float gradient_share;
 };
 
 // One element of ZeroOptimizer::step + adam_update, operation for operation:
 //   grads.mul_(multiplier); p.mul_(1 - lr wd) | g = g.add(p, wd);
 //   m.mul_(b1).add_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2);
 //   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr / bc1)
-__device__ __forceinline__ void adam_element(float grad, float& weight, float& exp_avg,
-                                             float& exp_avg_sq, const StepScalars& s,
-                                             const AdamConstants& c) {
-  float g = grad * s.grad_multiplier;
-  if (c.has_weight_decay) {
-    if (c.decoupled) weight = weight * s.decay_factor;
-    else g = g + c.weight_decay * weight;
+struct AdamRule {
+  static constexpr int kBuffers = 2;  // exp_avg, exp_avg_sq
+  AdamConstants c;
+  __device__ __forceinline__ void operator()(float grad, float& weight, float& exp_avg,
+                                             float& exp_avg_sq, const StepScalars& s) const {
+    float g = grad * s.grad_multiplier;
+    if (c.has_weight_decay) {
+      if (c.decoupled) weight = weight * s.decay_factor;
+      else g = g + c.weight_decay * weight;
+    }
+    exp_avg = exp_avg * s.momentum + s.one_minus_momentum * g;
+    exp_avg_sq = exp_avg_sq * c.beta2 + c.one_minus_beta2 * g * g;
+    const float denom = sqrtf(exp_avg_sq) / s.sqrt_bias_correction2 + c.eps;
+    weight = weight + s.step_size * exp_avg / denom;
   }
-  exp_avg = exp_avg * c.beta1 + c.one_minus_beta1 * g;
-  exp_avg_sq = exp_avg_sq * c.beta2 + c.one_minus_beta2 * g * g;
-  const float denom = sqrtf(exp_avg_sq) / s.sqrt_bias_correction2 + c.eps;
-  weight = weight + s.step_size * exp_avg / denom;
-}
+};
+
+// One element of ZeroOptimizer::step + sgd_update, operation for operation:
+//   grads.mul_(multiplier); d = g.add(p, wd); buf.mul_(momentum).add_(d, 1 - dampening)
+//   (step 1: buf = d); d = nesterov ? d.add(buf, momentum) : buf; p.add_(d, -lr)
+template <bool kMomentum>
+struct SgdRule {
+  static constexpr int kBuffers = kMomentum ? 1 : 0;  // the momentum buffer
+  SgdConstants c;
+  __device__ __forceinline__ void operator()(float grad, float& weight, float& buffer, float&,
+                                             const StepScalars& s) const {
+    float d = grad * s.grad_multiplier;
+    if (c.has_weight_decay) d = d + c.weight_decay * weight;
+    if constexpr (kMomentum) {
+      buffer = buffer * s.buffer_keep + s.gradient_share * d;
+      d = c.nesterov ? d + s.momentum * buffer : buffer;
+    }
+    weight = weight + s.step_size * d;
+  }
+};
 
 // G: the gradients' element type, T: the parameters' (G is T, or float for a 16-bit T).
 template <typename G, typename T>
@@ -230,21 +275,20 @@ struct UpdateArguments {
   const G* grads;
   T* params;
   float* master;  // nullptr: T is float and the parameters are the master weights
-  float* exp_avg;
-  float* exp_avg_sq;
+  float* buffers[2];  // the rule's state, Rule::kBuffers of them
   const FusedSegment* segments;
   int num_segments;
   const FusedStepState* state;
-  AdamConstants constants;
 };
 
 // No __restrict__ on the written arrays: with an fp32 model the weights are the parameters.
-template <typename G, typename T>
-__global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<G, T> a) {
+template <typename G, typename T, typename Rule>
+__global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> a, Rule rule) {
   if (a.state->found_inf) return;  // the same for every thread: the whole step is skipped
-  const StepScalars s{a.state->grad_multiplier, a.state->decay_factor, a.state->step_size,
-                      a.state->sqrt_bias_correction2};
-  const AdamConstants c = a.constants;
+  const FusedStepState& st = *a.state;
+  const StepScalars s{st.grad_multiplier, st.decay_factor,  st.step_size,   st.sqrt_bias_correction2,
+                      st.momentum,        st.one_minus_momentum, st.buffer_keep, st.gradient_share};
+  constexpr int kBuffers = Rule::kBuffers;
   const bool separate_master = a.master != nullptr;
   const int64_t thread = first_thread();
   const int64_t threads = thread_count();
@@ -257,21 +301,25 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<G
       w = separate_master ? a.master + segment.master_offset : p;
     else
       w = a.master + segment.master_offset;
-    float* m = a.exp_avg + segment.master_offset;
-    float* v = a.exp_avg_sq + segment.master_offset;
+    float* b0 = kBuffers > 0 ? a.buffers[0] + segment.master_offset : nullptr;
+    float* b1 = kBuffers > 1 ? a.buffers[1] + segment.master_offset : nullptr;
 
     auto update_one = [&](int64_t i) {
-      float weight = w[i], first = m[i], second = v[i];
-      adam_element(to_float(g[i]), weight, first, second, s, c);
+      float weight = w[i];
+      float first = 0.0f, second = 0.0f;
+      if constexpr (kBuffers > 0) first = b0[i];
+      if constexpr (kBuffers > 1) second = b1[i];
+      rule(to_float(g[i]), weight, first, second, s);
       w[i] = weight;
-      m[i] = first;
-      v[i] = second;
+      if constexpr (kBuffers > 0) b0[i] = first;
+      if constexpr (kBuffers > 1) b1[i] = second;
       if (separate_master) p[i] = from_float<T>(weight);
     };
 
     const int64_t misaligned_by = misalignment(g);
-    const bool vectorised = misalignment(p) == misaligned_by && misalignment(w) == misaligned_by &&
-                            misalignment(m) == misaligned_by && misalignment(v) == misaligned_by;
+    bool vectorised = misalignment(p) == misaligned_by && misalignment(w) == misaligned_by;
+    if constexpr (kBuffers > 0) vectorised = vectorised && misalignment(b0) == misaligned_by;
+    if constexpr (kBuffers > 1) vectorised = vectorised && misalignment(b1) == misaligned_by;
     // Not vectorised: the whole segment is "head", element by element.
     const int64_t head = vectorised ? head_elements(segment.numel, misaligned_by) : segment.numel;
     for (int64_t i = thread; i < head; i += threads) update_one(i);
@@ -281,14 +329,15 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<G
       const int64_t i = head + j * kVectorElements;
       const Vector<G> gv = *reinterpret_cast<const Vector<G>*>(g + i);
       Vector<float> wv = *reinterpret_cast<const Vector<float>*>(w + i);
-      Vector<float> mv = *reinterpret_cast<const Vector<float>*>(m + i);
-      Vector<float> vv = *reinterpret_cast<const Vector<float>*>(v + i);
+      Vector<float> first{}, second{};
+      if constexpr (kBuffers > 0) first = *reinterpret_cast<const Vector<float>*>(b0 + i);
+      if constexpr (kBuffers > 1) second = *reinterpret_cast<const Vector<float>*>(b1 + i);
 #pragma unroll
       for (int k = 0; k < kVectorElements; ++k)
-        adam_element(to_float(gv.element[k]), wv.element[k], mv.element[k], vv.element[k], s, c);
+        rule(to_float(gv.element[k]), wv.element[k], first.element[k], second.element[k], s);
       *reinterpret_cast<Vector<float>*>(w + i) = wv;
-      *reinterpret_cast<Vector<float>*>(m + i) = mv;
-      *reinterpret_cast<Vector<float>*>(v + i) = vv;
+      if constexpr (kBuffers > 0) *reinterpret_cast<Vector<float>*>(b0 + i) = first;
+      if constexpr (kBuffers > 1) *reinterpret_cast<Vector<float>*>(b1 + i) = second;
       if (separate_master) {
         Vector<T> pv;
 #pragma unroll
@@ -300,6 +349,13 @@ __global__ void __launch_bounds__(kThreads) adam_update_kernel(UpdateArguments<G
       update_one(i);
   }
 }
+
+// Checks the dtypes and launches `rule`'s update over the segments.
+template <typename Rule>
+void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                   float* master, float* buffer0, float* buffer1, const FusedSegment* segments,
+                   int num_segments, int grid_blocks, const FusedStepState* state,
+                   const Rule& rule, cudaStream_t stream);
 
 void check_grid(int num_segments, int grid_blocks, const char* what) {
   if (num_segments < 1 || grid_blocks < 1)
@@ -361,26 +417,49 @@ void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params,
                         const FusedStepState* state, const FusedStepOptions& options,
                         cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the Adam update");
+  const AdamRule rule{{static_cast<float>(options.beta2), static_cast<float>(1.0 - options.beta2),
+                       static_cast<float>(options.eps), static_cast<float>(options.weight_decay),
+                       options.decoupled_weight_decay, options.weight_decay != 0.0}};
+  launch_update(grads, grad_dtype, params, dtype, master, exp_avg, exp_avg_sq, segments,
+                num_segments, grid_blocks, state, rule, stream);
+}
+
+void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                       float* master, float* momentum_buffer, const FusedSegment* segments,
+                       int num_segments, int grid_blocks, const FusedStepState* state,
+                       const FusedStepOptions& options, cudaStream_t stream) {
+  check_grid(num_segments, grid_blocks, "the SGD update");
+  if ((momentum_buffer != nullptr) != options.momentum_buffer)
+    throw Error("fused optimizer: SGD's momentum buffer is given exactly when the options keep one");
+  const SgdConstants constants{static_cast<float>(options.weight_decay),
+                               options.weight_decay != 0.0, options.nesterov};
+  if (options.momentum_buffer)
+    launch_update(grads, grad_dtype, params, dtype, master, momentum_buffer, nullptr, segments,
+                  num_segments, grid_blocks, state, SgdRule<true>{constants}, stream);
+  else
+    launch_update(grads, grad_dtype, params, dtype, master, nullptr, nullptr, segments,
+                  num_segments, grid_blocks, state, SgdRule<false>{constants}, stream);
+}
+
+namespace {
+
+template <typename Rule>
+void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                   float* master, float* buffer0, float* buffer1, const FusedSegment* segments,
+                   int num_segments, int grid_blocks, const FusedStepState* state,
+                   const Rule& rule, cudaStream_t stream) {
   if (grad_dtype != dtype && grad_dtype != KernelDtype::kFloat32)
     throw Error("fused optimizer: gradients must be of the parameters' dtype or fp32");
   if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
     throw Error("fused optimizer: fp16/bf16 parameters need fp32 master weights, and fp32 "
                 "parameters are their own");
-  const AdamConstants constants{static_cast<float>(options.beta1),
-                                static_cast<float>(1.0 - options.beta1),
-                                static_cast<float>(options.beta2),
-                                static_cast<float>(1.0 - options.beta2),
-                                static_cast<float>(options.eps),
-                                static_cast<float>(options.weight_decay),
-                                options.decoupled_weight_decay,
-                                options.weight_decay != 0.0};
   const auto launch = [&](auto grad_element, auto element) {
     using G = decltype(grad_element);
     using T = decltype(element);
     const UpdateArguments<G, T> arguments{static_cast<const G*>(grads), static_cast<T*>(params),
-                                          master, exp_avg, exp_avg_sq, segments, num_segments,
-                                          state, constants};
-    adam_update_kernel<G, T><<<grid_blocks, kThreads, 0, stream>>>(arguments);
+                                          master, {buffer0, buffer1}, segments, num_segments,
+                                          state};
+    update_kernel<G, T, Rule><<<grid_blocks, kThreads, 0, stream>>>(arguments, rule);
   };
   with_element_type(dtype, [&](auto element) {
     if (grad_dtype == dtype) launch(element, element);
@@ -388,5 +467,7 @@ void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params,
   });
   CUDA_CHECK(cudaGetLastError());
 }
+
+}  // namespace
 
 }  // namespace hpc_train

@@ -1,5 +1,6 @@
-// Learning-rate schedules (lr_schedule.h): DeepSpeed's WarmupLR and WarmupCosineLR as pure
-// functions of the optimizer step, so that a resumed run recomputes its lr from the step alone.
+// Learning-rate schedules (lr_schedule.h): DeepSpeed's WarmupLR, WarmupCosineLR, WarmupDecayLR
+// and OneCycle and PyTorch's MultiStepLR as pure functions of the optimizer step, so that a
+// resumed run recomputes its lr from the step alone.
 //
 // Two deliberate differences from DeepSpeed's WarmupCosineLR, which the importer of ds_config
 // files accepts (deepspeed_config.cpp):
@@ -42,18 +43,61 @@ LrSchedule::LrSchedule(const LrScheduleParams& o) : params_(o) {
     throw ConfigError("--cosine-final-ratio " + format_number(o.cosine_final_ratio) +
                       ": must be in [0, 1]");
   }
-  if (o.kind == LrScheduleKind::kWarmupCosine) {
+  if (o.kind == LrScheduleKind::kWarmupCosine || o.kind == LrScheduleKind::kWarmupDecay) {
+    const char* what = o.kind == LrScheduleKind::kWarmupCosine ? "cosine" : "decay";
     // --schedule-steps 0 means "the whole run": the trainer replaces it by the run's length
     // before it builds the schedule, so 0 here is a caller's mistake.
     if (o.total_steps < 1) {
-      throw ConfigError("warmup-cosine schedule of " + std::to_string(o.total_steps) +
+      throw ConfigError(std::string("warmup-") + what + " schedule of " +
+                        std::to_string(o.total_steps) +
                         " steps: give --schedule-steps N >= 1 (0 = the run's length)");
     }
     if (o.total_steps < o.warmup_steps) {
-      throw ConfigError("--schedule-steps " + std::to_string(o.total_steps) +
-                        ": the cosine would end before the warm-up (--warmup-steps " +
+      throw ConfigError("--schedule-steps " + std::to_string(o.total_steps) + ": the " + what +
+                        " would end before the warm-up (--warmup-steps " +
                         std::to_string(o.warmup_steps) + ") does; give at least " +
                         std::to_string(o.warmup_steps));
+    }
+  }
+  if (o.kind == LrScheduleKind::kOneCycle) {
+    // The trainer resolves 0 (half the run each way) before it builds the schedule.
+    if (o.cycle_first_steps < 1 || o.cycle_second_steps < 0) {
+      throw ConfigError("one-cycle schedule of " + std::to_string(o.cycle_first_steps) +
+                        " steps up and " + std::to_string(o.cycle_second_steps) +
+                        " down: give --cycle-first-steps N >= 1 (0 = half the run)");
+    }
+    if (!(o.cycle_min_ratio >= 0 && o.cycle_min_ratio <= 1)) {
+      throw ConfigError("--cycle-min-ratio " + format_number(o.cycle_min_ratio) +
+                        ": must be in [0, 1]");
+    }
+    if (o.decay_step_size < 0 || !(o.decay_lr_rate >= 0) || !(o.decay_momentum_rate >= 0)) {
+      throw ConfigError("--cycle-decay-steps " + std::to_string(o.decay_step_size) +
+                        ", --cycle-decay-lr-rate " + format_number(o.decay_lr_rate) +
+                        " and --cycle-decay-momentum-rate " + format_number(o.decay_momentum_rate) +
+                        ": none may be negative");
+    }
+    if (o.cycle_momentum && !(o.cycle_min_momentum >= 0 && o.cycle_min_momentum <= o.cycle_max_momentum &&
+                              o.cycle_max_momentum < 1)) {
+      throw ConfigError("--cycle-min-momentum " + format_number(o.cycle_min_momentum) +
+                        " and --cycle-max-momentum " + format_number(o.cycle_max_momentum) +
+                        ": need 0 <= min <= max < 1");
+    }
+  }
+  if (o.kind == LrScheduleKind::kMultiStep) {
+    if (o.milestone_count < 0 || o.milestone_count > LrScheduleParams::kMaxMilestones) {
+      throw ConfigError("--lr-milestones: at most " +
+                        std::to_string(LrScheduleParams::kMaxMilestones) + " milestones, got " +
+                        std::to_string(o.milestone_count));
+    }
+    for (int i = 0; i < o.milestone_count; ++i) {
+      if (o.milestones[i] < 1 || (i > 0 && o.milestones[i] < o.milestones[i - 1])) {
+        throw ConfigError("--lr-milestones: optimizer steps >= 1 in ascending order, got " +
+                          std::to_string(o.milestones[i]) + " at position " +
+                          std::to_string(i + 1));
+      }
+    }
+    if (!(o.milestone_gamma > 0 && o.milestone_gamma <= 1)) {
+      throw ConfigError("--lr-gamma " + format_number(o.milestone_gamma) + ": must be in (0, 1]");
     }
   }
 }

@@ -89,8 +89,11 @@ void ZeroOptimizer::step() {
   } else {
     // Note [Schedule step]: the schedule is evaluated at the steps applied so far.
     const LrScheduleParams schedule = options_.lr_schedule.value_or(
-        LrScheduleParams{LrScheduleKind::kConstant, WarmupType::kLinear, options_.adam.lr});
+        LrScheduleParams{LrScheduleKind::kConstant, WarmupType::kLinear, options_.optimizer.lr});
     host_last_lr_ = lr_at(schedule, steps_);
+    host_momentum_ = momentum_at(schedule, steps_, options_.optimizer.adam()
+                                                       ? options_.optimizer.beta1
+                                                       : options_.optimizer.momentum);
     host_last_outcome_ = step(host_last_lr_, host_scaler_ ? host_scaler_->scale() : 1.0);
     ++host_global_step_;
     if (host_scaler_) host_scaler_->update(host_last_outcome_.overflow);
@@ -143,7 +146,22 @@ double ZeroOptimizer::all_gather_parameters() {
 }
 
 void ZeroOptimizer::set_lr_schedule(const LrScheduleParams& schedule) {
+  const int buffers_before = kept_state_buffers();
   options_.lr_schedule = schedule;
+  if (kept_state_buffers() > buffers_before)
+    throw Error("ZeroOptimizer::set_lr_schedule: the schedule sets the momentum, but the optimizer "
+                "was made without ZeroOptions::momentum_from_schedule and keeps no momentum "
+                "buffer");
+}
+
+bool ZeroOptimizer::cycles_momentum() const {
+  return options_.momentum_from_schedule ||
+         (options_.lr_schedule && options_.lr_schedule->kind == LrScheduleKind::kOneCycle &&
+          options_.lr_schedule->cycle_momentum);
+}
+
+int ZeroOptimizer::kept_state_buffers() const {
+  return state_buffers(options_.optimizer, cycles_momentum());
 }
 
 void ZeroOptimizer::step_on_device() {
@@ -187,17 +205,27 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   if (multiplier != 1.0) grads.mul_(multiplier);
   ++steps_;
 
+  const OptimizerOptions& rule = options_.optimizer;
+  const auto update = [&](at::Tensor target, const at::Tensor& g, at::Tensor first,
+                          at::Tensor second) {
+    if (rule.adam()) adam_update(target, g, first, second, steps_, lr, host_momentum_, rule);
+    else sgd_update(target, g, first, steps_, lr, host_momentum_, rule);
+  };
+  // A buffer the rule does not keep stays undefined in its slices too.
+  const auto slice_of = [](const at::Tensor& t, const Partition::Slice& slice) {
+    return t.defined() ? partition_slice(t, slice) : at::Tensor();
+  };
   if (!partitioned()) {
     at::Tensor target = master_.defined() ? master_ : flat_.values();
-    adam_update(target, grads, exp_avg_, exp_avg_sq_, steps_, lr, options_.adam);
+    update(target, grads, exp_avg_, exp_avg_sq_);
     if (master_.defined()) flat_.values().copy_(master_);
     return outcome;
   }
   for (const Partition::Slice& slice : reducer_.partition().slices) {
     at::Tensor target =
         master_.defined() ? partition_slice(master_, slice) : own_slice(flat_.values(), slice);
-    adam_update(target, partition_slice(grads, slice), partition_slice(exp_avg_, slice),
-                partition_slice(exp_avg_sq_, slice), steps_, lr, options_.adam);
+    update(target, partition_slice(grads, slice), slice_of(exp_avg_, slice),
+           slice_of(exp_avg_sq_, slice));
     if (master_.defined()) own_slice(flat_.values(), slice).copy_(target);
   }
   outcome.gather_ms = all_gather_parameters();
@@ -225,8 +253,12 @@ FullOptimizerState ZeroOptimizer::gather_full_state() {
   };
   state.master = master_.defined() ? logical(master_)
                                    : flat_.to_logical(flat_.values()).to(at::kFloat);
-  state.exp_avg = logical(exp_avg_);
-  state.exp_avg_sq = logical(exp_avg_sq_);
+  // A buffer the rule does not keep is zeros in the full state (and so in a checkpoint).
+  const auto logical_or_zeros = [&](const at::Tensor& t) {
+    return t.defined() ? logical(t) : at::zeros_like(state.master);
+  };
+  state.exp_avg = logical_or_zeros(exp_avg_);
+  state.exp_avg_sq = logical_or_zeros(exp_avg_sq_);
   return state;
 }
 
@@ -238,8 +270,9 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
     return partitioned() ? own_slices(full) : full;
   };
   steps_ = state.steps;
-  exp_avg_ = local(state.exp_avg);
-  exp_avg_sq_ = local(state.exp_avg_sq);
+  const int buffers = kept_state_buffers();
+  exp_avg_ = buffers >= 1 ? local(state.exp_avg) : at::Tensor();
+  exp_avg_sq_ = buffers >= 2 ? local(state.exp_avg_sq) : at::Tensor();
   master_ = separate_master() ? local(state.master) : at::Tensor();
   // The parameters follow the master weights (a no-op right after construction or re-layout).
   flat_.values().copy_(flat_.from_logical(state.master).to(flat_.values().scalar_type()));

@@ -27,20 +27,26 @@ KernelDtype fused_dtype(const at::Tensor& values) {
               c10::toString(values.scalar_type()) + "; use fp32, fp16 or bf16");
 }
 
-FusedStepOptions fused_step_options(const ZeroOptions& zero) {
+FusedStepOptions fused_step_options(const ZeroOptions& zero, bool momentum_buffer) {
+  const OptimizerOptions& rule = zero.optimizer;
   FusedStepOptions options;
-  options.beta1 = zero.adam.beta1;
-  options.beta2 = zero.adam.beta2;
-  options.eps = zero.adam.eps;
-  options.weight_decay = zero.adam.weight_decay;
-  options.decoupled_weight_decay = zero.adam.decoupled_weight_decay;
+  options.rule = rule.adam() ? FusedRule::kAdam : FusedRule::kSgd;
+  options.beta1 = rule.beta1;
+  options.momentum = rule.momentum;
+  options.dampening = rule.dampening;
+  options.nesterov = rule.nesterov;
+  options.momentum_buffer = !rule.adam() && momentum_buffer;
+  options.beta2 = rule.beta2;
+  options.eps = rule.eps;
+  options.weight_decay = rule.weight_decay;
+  options.decoupled_weight_decay = rule.decoupled_weight_decay();
   options.clip_grad = zero.clip_grad;
   options.check_overflow = zero.check_overflow;
   if (zero.lr_schedule) {
     options.lr_schedule = *zero.lr_schedule;
   } else {
     options.lr_schedule.kind = LrScheduleKind::kConstant;
-    options.lr_schedule.lr = zero.adam.lr;
+    options.lr_schedule.lr = rule.lr;
   }
   if (zero.loss_scaling) {
     const LossScalerOptions& scaling = *zero.loss_scaling;
@@ -143,17 +149,23 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
     comm_.all_reduce(sum_of_squares_).wait();  // NCCL: the stream waits, not the host
     if (!partitioned()) sum_of_squares_copies = comm_.size();
   }
-  const FusedStepOptions options = fused_step_options(options_);
+  const FusedStepOptions options = fused_step_options(options_, exp_avg_.defined());
   FusedHostInputs host;
   if (host_inputs) host = {host_inputs->lr, host_inputs->loss_scale};
   auto* state = reinterpret_cast<FusedStepState*>(device_state_.data_ptr());
   launch_step_bookkeeping(sum_of_squares_.data_ptr<double>(), sum_of_squares_copies,
                           options, host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
                           stream);
-  launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype,
-                     master_.defined() ? master_.data_ptr<float>() : nullptr,
-                     exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), segments,
-                     num_segments, device_grid_blocks_, state, options, stream);
+  float* master = master_.defined() ? master_.data_ptr<float>() : nullptr;
+  if (options_.optimizer.adam()) {
+    launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
+                       exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), segments,
+                       num_segments, device_grid_blocks_, state, options, stream);
+  } else {
+    launch_sgd_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
+                      exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, segments,
+                      num_segments, device_grid_blocks_, state, options, stream);
+  }
 }
 
 StepReport ZeroOptimizer::read_device_report() const {

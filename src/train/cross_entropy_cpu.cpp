@@ -8,7 +8,7 @@ namespace hpc_train {
 bool fused_cross_entropy_applies(const torch::Tensor&, const torch::Tensor&) { return false; }
 
 namespace detail {
-torch::Tensor fused_cross_entropy(const torch::Tensor&, const torch::Tensor&) {
+torch::Tensor fused_cross_entropy(const torch::Tensor&, const torch::Tensor&, double) {
   throw Error("fused cross-entropy: this build has no CUDA");
 }
 }  // namespace detail

@@ -14,25 +14,28 @@ namespace hpc_train {
 
 namespace {
 
-CrossEntropyShape shape_of(const torch::Tensor& logits) {
+CrossEntropyShape shape_of(const torch::Tensor& logits, double label_smoothing) {
   CrossEntropyShape s;
   s.rows = logits.size(0);
   s.classes = logits.size(1);
+  s.label_smoothing = static_cast<float>(label_smoothing);
   return s;
 }
 
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& labels) {
+                               const torch::Tensor& labels, double label_smoothing) {
     const auto fp32 = logits.options().dtype(torch::kFloat);
     torch::Tensor lse = torch::empty({logits.size(0)}, fp32);
     torch::Tensor loss = torch::empty({}, fp32);
-    launch_cross_entropy_forward(shape_of(logits), *kernel_dtype_of(logits.scalar_type()),
+    launch_cross_entropy_forward(shape_of(logits, label_smoothing),
+                                 *kernel_dtype_of(logits.scalar_type()),
                                  logits.data_ptr(), labels.data_ptr<int64_t>(),
                                  lse.data_ptr<float>(), loss.data_ptr<float>(),
                                  at::cuda::getCurrentCUDAStream());
     ctx->save_for_backward({logits, labels, lse});
+    ctx->saved_data["label_smoothing"] = label_smoothing;
     return loss;
   }
 
@@ -42,11 +45,13 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const torch::Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2];
     const torch::Tensor grad_loss = grad_outputs[0].to(torch::kFloat).contiguous();
     torch::Tensor grad_logits = torch::empty_like(logits);
-    launch_cross_entropy_backward(shape_of(logits), *kernel_dtype_of(logits.scalar_type()),
+    const double label_smoothing = ctx->saved_data["label_smoothing"].toDouble();
+    launch_cross_entropy_backward(shape_of(logits, label_smoothing),
+                                  *kernel_dtype_of(logits.scalar_type()),
                                   logits.data_ptr(), labels.data_ptr<int64_t>(),
                                   lse.data_ptr<float>(), grad_loss.data_ptr<float>(),
                                   grad_logits.data_ptr(), at::cuda::getCurrentCUDAStream());
-    return {grad_logits, torch::Tensor()};  // labels have none
+    return {grad_logits, torch::Tensor(), torch::Tensor()};  // labels and smoothing have none
   }
 };
 
@@ -62,8 +67,9 @@ bool fused_cross_entropy_applies(const torch::Tensor& logits, const torch::Tenso
 }
 
 namespace detail {
-torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels) {
-  return FusedCrossEntropy::apply(logits, labels);
+torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels,
+                                  double label_smoothing) {
+  return FusedCrossEntropy::apply(logits, labels, label_smoothing);
 }
 }  // namespace detail
 

@@ -67,12 +67,27 @@ std::optional<LossScalerOptions> loss_scaling(const TrainConfig& config) {
 ZeroOptions zero_options(const TrainConfig& config) {
   ZeroOptions zero;
   zero.stage = config.zero_stage;
-  zero.adam = adam_options(config.optimizer, config.lr, config.beta1, config.beta2, config.eps,
-                           config.weight_decay);
+  zero.optimizer = optimizer_options(config);
+  zero.momentum_from_schedule =
+      config.lr_schedule == LrScheduleKind::kOneCycle && config.cycle_momentum;
   zero.clip_grad = config.clip_grad;
   zero.loss_scaling = loss_scaling(config);
   zero.check_overflow = zero.loss_scaling.has_value();
   return zero;
+}
+
+OptimizerOptions optimizer_options(const TrainConfig& config) {
+  OptimizerOptions options;
+  options.kind = config.optimizer;
+  options.lr = config.lr;
+  options.beta1 = config.beta1;
+  options.beta2 = config.beta2;
+  options.eps = config.eps;
+  options.weight_decay = config.weight_decay;
+  options.momentum = config.momentum;
+  options.dampening = config.dampening;
+  options.nesterov = config.nesterov;
+  return options;
 }
 
 LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
@@ -84,6 +99,22 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
   options.warmup_start_ratio = config.warmup_start_ratio;
   options.cosine_final_ratio = config.cosine_final_ratio;
   options.total_steps = config.schedule_steps > 0 ? config.schedule_steps : run_steps;
+  // one-cycle: 0 steps up is half the run, 0 steps down as many as up (DeepSpeed's default).
+  options.cycle_min_ratio = config.cycle_min_ratio;
+  options.cycle_first_steps =
+      config.cycle_first_steps > 0 ? config.cycle_first_steps : std::max<int64_t>(1, run_steps / 2);
+  options.cycle_second_steps =
+      config.cycle_second_steps > 0 ? config.cycle_second_steps : options.cycle_first_steps;
+  options.decay_step_size = config.cycle_decay_steps;
+  options.decay_lr_rate = config.cycle_decay_lr_rate;
+  options.decay_momentum_rate = config.cycle_decay_momentum_rate;
+  options.cycle_momentum = config.cycle_momentum;
+  options.cycle_min_momentum = config.cycle_min_momentum;
+  options.cycle_max_momentum = config.cycle_max_momentum;
+  const std::vector<int64_t> milestones = lr_milestone_steps(config.lr_milestones);
+  options.milestone_count = static_cast<int32_t>(milestones.size());
+  std::copy(milestones.begin(), milestones.end(), options.milestones);
+  options.milestone_gamma = config.lr_gamma;
   return options;
 }
 

@@ -37,7 +37,7 @@ void TrainingStep::enqueue(const DeviceBatch& batch, MicroStep micro, IntervalTi
   model_.train();
   const torch::Tensor logits = model_.forward(in_model_layout(batch.input, channels_last_));
   // Note [Fused cross-entropy]
-  const torch::Tensor loss = mean_cross_entropy(logits, batch.labels);
+  const torch::Tensor loss = mean_cross_entropy(logits, batch.labels, config_.label_smoothing);
   if (phases) phases->forward_ms += phase.elapsed_ms();
   phase.restart();
   reducer_.begin_backward(micro.ends_update);

@@ -27,6 +27,14 @@ tests/support/check_safetensors.py), not the safetensors package.
         the module with the weights, in eval mode, on the first M test images of the IDX files
         in IDX_DIR (Fashion-MNIST), normalised as hpc_train_data normalises a dataset converted
         with --max-train N --max-test M; prints "test_loss L test_accuracy A"
+    torchscript_models.py train MODULE.pt WEIGHTS.safetensors IDX_DIR --max-train N --steps S
+                          --lr LR [--optimizer sgd|adamw] [--momentum M] [--dampening D]
+                          [--nesterov] [--weight-decay W] [--milestones A,B --gamma G]
+                          [--label-smoothing E]
+        PyTorch's reference trajectory: the module from the weights, trained in train mode on
+        the first N train images (normalised as above) as one batch a step with torch.optim's
+        optimizer, MultiStepLR and CrossEntropyLoss(label_smoothing=E); prints each step's loss,
+        one a line
 """
 import argparse
 import ctypes
@@ -245,25 +253,55 @@ def read_idx(path, count):
         count, *dims[1:])
 
 
-def command_evaluate(args):
-    train = read_idx(os.path.join(args.idx_dir, "train-images-idx3-ubyte.gz"), args.max_train)
-    images = read_idx(os.path.join(args.idx_dir, "t10k-images-idx3-ubyte.gz"), args.max_test)
-    labels = read_idx(os.path.join(args.idx_dir, "t10k-labels-idx1-ubyte.gz"), args.max_test)
+def normalised_split(idx_dir, split, max_train, count):
+    """The first `count` images and labels of a split (split: "train" or "t10k"), normalised as
+    hpc_train_data normalises a dataset converted with --max-train max_train."""
+    train = read_idx(os.path.join(idx_dir, "train-images-idx3-ubyte.gz"), max_train)
+    images = read_idx(os.path.join(idx_dir, f"{split}-images-idx3-ubyte.gz"), count)
+    labels = read_idx(os.path.join(idx_dir, f"{split}-labels-idx1-ubyte.gz"), count)
     # hpc_train_data's mean and population std of the train split (exact sums, then float32).
     pixels = train.to(torch.float64).flatten()
     mean = pixels.sum().item() / pixels.numel() / 255.0
     variance = (pixels * pixels).sum().item() / pixels.numel() / (255.0 * 255.0) - mean * mean
     mean = torch.tensor(mean, dtype=torch.float32)
     std = torch.tensor(math.sqrt(variance), dtype=torch.float32)
-    x = images.unsqueeze(1).to(torch.float32).div_(255.0).sub_(mean).div_(std)
+    return images.unsqueeze(1).to(torch.float32).div_(255.0).sub_(mean).div_(std), labels.long()
+
+
+def command_evaluate(args):
+    x, labels = normalised_split(args.idx_dir, "t10k", args.max_train, args.max_test)
     module = torch.jit.load(args.module)
     module.load_state_dict(load_safetensors(args.weights), strict=True)
     module.eval()
     with torch.no_grad():
         logits = module(x)
-        loss = F.cross_entropy(logits, labels.long(), reduction="sum").item() / len(labels)
-        accuracy = (logits.argmax(1) == labels.long()).double().mean().item()
+        loss = F.cross_entropy(logits, labels, reduction="sum").item() / len(labels)
+        accuracy = (logits.argmax(1) == labels).double().mean().item()
     print(f"test_loss {loss!r} test_accuracy {accuracy!r}")
+
+
+def command_train(args):
+    torch.set_num_threads(1)  # as the tests' ranks (OMP_NUM_THREADS=1)
+    x, labels = normalised_split(args.idx_dir, "train", args.max_train, args.max_train)
+    module = torch.jit.load(args.module)
+    module.load_state_dict(load_safetensors(args.weights), strict=True)
+    module.train()
+    parameters = list(module.parameters())
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum,
+                                    dampening=args.dampening, weight_decay=args.weight_decay,
+                                    nesterov=args.nesterov)
+    else:
+        optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=args.weight_decay)
+    milestones = [int(m) for m in args.milestones.split(",")] if args.milestones else []
+    schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, gamma=args.gamma)
+    for _ in range(args.steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(module(x), labels, label_smoothing=args.label_smoothing)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        print(repr(loss.item()))
 
 
 def main():
@@ -309,6 +347,22 @@ def main():
     p.add_argument("--max-train", type=int, required=True)
     p.add_argument("--max-test", type=int, required=True)
     p.set_defaults(run=command_evaluate)
+    p = commands.add_parser("train")
+    p.add_argument("module")
+    p.add_argument("weights")
+    p.add_argument("idx_dir")
+    p.add_argument("--max-train", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--dampening", type=float, default=0.0)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--milestones", default="")
+    p.add_argument("--gamma", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.set_defaults(run=command_train)
     args = parser.parse_args()
     args.run(args)
 

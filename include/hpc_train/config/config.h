@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "hpc_train/config/config_choices.h"
 
@@ -42,22 +43,39 @@ struct TrainConfig {
   int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
   int micro_batch = 64;           // --micro-batch: samples per rank per step
   int eval_batch = 0;             // --eval-batch: samples per rank per evaluation batch; 0 = auto
-  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam|sgd
   double lr = 1e-3;               // --lr
   double beta1 = 0.9;             // --beta1
   double beta2 = 0.999;           // --beta2
   double eps = 1e-8;              // --eps
-  double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam)
+  double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam and sgd)
+  double label_smoothing = 0.0;   // --label-smoothing: the training loss's (torch's meaning)
+  double momentum = 0.0;          // --momentum: SGD's; 0 = plain SGD
+  double dampening = 0.0;         // --dampening: SGD's
+  bool nesterov = false;          // --nesterov: SGD with Nesterov momentum
   uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
   int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
   double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
-  // --lr-schedule constant|warmup|warmup-cosine
+  // --lr-schedule constant|warmup|warmup-cosine|warmup-decay|one-cycle|multistep
   LrScheduleKind lr_schedule = LrScheduleKind::kConstant;
   int64_t warmup_steps = 0;       // --warmup-steps: optimizer steps of warm-up
   WarmupType warmup_type = WarmupType::kLinear;  // --warmup-type linear|log (DeepSpeed's: log)
   double warmup_start_ratio = 0.0;  // --warmup-start-ratio: lr at step 0, as a fraction of --lr
   double cosine_final_ratio = 0.0;  // --cosine-final-ratio: lr at the end, as a fraction of --lr
-  int64_t schedule_steps = 0;     // --schedule-steps: length of the cosine; 0 = the whole run
+  int64_t schedule_steps = 0;     // --schedule-steps: the cosine's or decay's end; 0 = the run's
+  // one-cycle (DeepSpeed's OneCycle; --lr is the cycle's peak)
+  double cycle_min_ratio = 0.1;   // --cycle-min-ratio: the cycle's lowest lr, a fraction of --lr
+  int64_t cycle_first_steps = 0;  // --cycle-first-steps: steps up; 0 = half the run
+  int64_t cycle_second_steps = 0; // --cycle-second-steps: steps down; 0 = as many as up
+  int64_t cycle_decay_steps = 0;  // --cycle-decay-steps: DeepSpeed's decay_step_size; 0 = none
+  double cycle_decay_lr_rate = 0.0;        // --cycle-decay-lr-rate
+  double cycle_decay_momentum_rate = 0.0;  // --cycle-decay-momentum-rate
+  bool cycle_momentum = true;     // --cycle-momentum: cycle SGD's momentum or Adam's beta1
+  double cycle_min_momentum = 0.8;  // --cycle-min-momentum
+  double cycle_max_momentum = 0.9;  // --cycle-max-momentum
+  // multistep (torch's MultiStepLR)
+  std::string lr_milestones;      // --lr-milestones: optimizer steps, comma-separated, ascending
+  double lr_gamma = 0.1;          // --lr-gamma: the lr's factor at each milestone
 
   // [zero] ZeRO partitioning and mixed precision
   int zero_stage = 0;             // --zero-stage 0|1|2
@@ -162,6 +180,9 @@ CommandLine parse_command_line(int argc, const char* const argv[]);
 // by the model registry, and what depends on the world size or the dataset by
 // validate_for_dataset.
 void validate(const TrainConfig& config);
+
+// --lr-milestones' optimizer steps, ascending; empty for ''. Throws ConfigError for anything else.
+std::vector<int64_t> lr_milestone_steps(const std::string& text);
 
 struct DatasetInfo;  // dataset_file.h
 

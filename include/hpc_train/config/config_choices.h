@@ -21,8 +21,9 @@ namespace hpc_train {
 
 // --augment, --resident-data, --cuda-graph: the program decides (auto), or the user forces it.
 enum class Switch { kAuto, kOn, kOff };
-// --optimizer: AdamW (decoupled weight decay) or Adam (weight decay as an L2 gradient term).
-enum class OptimizerKind { kAdamW, kAdam };
+// --optimizer: AdamW (decoupled weight decay), Adam (weight decay as an L2 gradient term) or
+// SGD with momentum (optimizer.h).
+enum class OptimizerKind { kAdamW, kAdam, kSgd };
 // --precision: the model's dtype (the master weights and Adam's moments are fp32 in every case).
 enum class Precision { kFp32, kFp16, kBf16 };
 // --device: where the ranks compute; placement.h decides auto.
@@ -56,14 +57,18 @@ struct ChoiceNames<Switch> {
 template <>
 struct ChoiceNames<OptimizerKind> {
   static constexpr ChoiceName<OptimizerKind> kTable[] = {{OptimizerKind::kAdamW, "adamw"},
-                                                         {OptimizerKind::kAdam, "adam"}};
+                                                         {OptimizerKind::kAdam, "adam"},
+                                                         {OptimizerKind::kSgd, "sgd"}};
 };
 template <>
 struct ChoiceNames<LrScheduleKind> {
   static constexpr ChoiceName<LrScheduleKind> kTable[] = {
       {LrScheduleKind::kConstant, "constant"},
       {LrScheduleKind::kWarmup, "warmup"},
-      {LrScheduleKind::kWarmupCosine, "warmup-cosine"}};
+      {LrScheduleKind::kWarmupCosine, "warmup-cosine"},
+      {LrScheduleKind::kWarmupDecay, "warmup-decay"},
+      {LrScheduleKind::kOneCycle, "one-cycle"},
+      {LrScheduleKind::kMultiStep, "multistep"}};
 };
 template <>
 struct ChoiceNames<WarmupType> {

@@ -11,8 +11,10 @@
 //   launch_adam_update          unscale and clip (one multiplier), Adam/AdamW on the fp32
 //                               master weights and moments, the cast to the model dtype into the
 //                               flat parameter buffer (the all-gather buffer); nothing on overflow
+//   launch_sgd_update           the same with SGD (momentum, dampening, Nesterov) instead
 //
-// The arithmetic is adam_update's (optimizer.h) and ZeroOptimizer::step's (zero_optimizer.h),
+// The arithmetic is adam_update's and sgd_update's (optimizer.h) and ZeroOptimizer::step's
+// (zero_optimizer.h),
 // operation for operation; the loss scaler is LossScaler's (loss_scaler.h), rule for rule.
 // Torch-free: raw device pointers and element counts. Needs the CUDA runtime's headers, so only
 // GPU-build code includes it (HPC_TRAIN_WITH_CUDA).
@@ -42,14 +44,20 @@ struct FusedSegment {
 static_assert(sizeof(FusedSegment) == 4 * sizeof(int64_t), "uploaded as an int64 tensor [n, 4]");
 
 enum class FusedLossScaling : int32_t { kNone, kFixed, kDynamic };
+enum class FusedRule : int32_t { kAdam, kSgd };
 
 // What stays the same for a whole run.
 struct FusedStepOptions {
-  double beta1 = 0.9;
+  FusedRule rule = FusedRule::kAdam;
+  double beta1 = 0.9;                  // Adam; a one-cycle schedule may cycle it
+  double momentum = 0.0;               // SGD; likewise
+  double dampening = 0.0;              // SGD
+  bool nesterov = false;               // SGD
+  bool momentum_buffer = false;        // SGD keeps a momentum buffer
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  bool decoupled_weight_decay = true;  // AdamW; false: Adam with an L2 penalty
+  bool decoupled_weight_decay = true;  // AdamW; false: Adam or SGD with an L2 penalty
   double clip_grad = 0.0;              // max global norm; 0 = off
   bool check_overflow = false;         // fp16: an inf/nan sum of squares skips the step
   FusedLossScaling loss_scaling = FusedLossScaling::kNone;
@@ -83,8 +91,16 @@ struct FusedStepState {
   int32_t found_inf = 0;     // the step overflowed: the update kernel does nothing
   float grad_multiplier = 1.0f;        // 1 / loss scale x clip coefficient
   float decay_factor = 1.0f;           // 1 - lr x weight_decay (AdamW)
-  float step_size = 0.0f;              // -lr / bias_correction1
+  float step_size = 0.0f;              // Adam: -lr / bias_correction1; SGD: -lr
   float sqrt_bias_correction2 = 1.0f;
+  // The momentum of the step (momentum_at in lr_schedule.h): Adam's beta1 or SGD's momentum.
+  float momentum = 0.0f;
+  float one_minus_momentum = 1.0f;     // Adam: 1 - beta1
+  // SGD: buffer = buffer x buffer_keep + gradient_share x gradient; on the first step 0 and 1,
+  // so that the buffer becomes the gradient (torch.optim.SGD clones it), then momentum and
+  // 1 - dampening.
+  float buffer_keep = 0.0f;
+  float gradient_share = 1.0f;
 };
 static_assert(std::is_standard_layout<FusedStepState>::value, "copied as bytes");
 
@@ -127,5 +143,11 @@ void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params,
                         const FusedSegment* segments, int num_segments, int grid_blocks,
                         const FusedStepState* state, const FusedStepOptions& options,
                         cudaStream_t stream);
+// SGD's update, as launch_adam_update's; `momentum_buffer` is nullptr when
+// options.momentum_buffer is false.
+void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
+                       float* master, float* momentum_buffer, const FusedSegment* segments,
+                       int num_segments, int grid_blocks, const FusedStepState* state,
+                       const FusedStepOptions& options, cudaStream_t stream);
 
 }  // namespace hpc_train

@@ -1,5 +1,5 @@
-// The ZeRO optimizer: Adam/AdamW on this rank's partition of fp32 master weights and moments,
-// after the reducer has reduced the gradients.
+// The ZeRO optimizer: Adam/AdamW or SGD (optimizer.h) on this rank's partition of fp32 master
+// weights and optimizer state, after the reducer has reduced the gradients.
 //
 //   stage 0  every rank holds the whole optimizer state and updates every parameter
 //   stage 1  each rank updates only its partition (its slice of every bucket, Note [Bucket
@@ -9,7 +9,7 @@
 //            gradients (Note [Partitioned gradients] in reducer.h)
 //
 // One step: unscale (fp16) -> overflow check agreed by all ranks (fp16; an overflow skips the
-// step everywhere) -> clip by the global norm -> Adam/AdamW on the fp32 master partition ->
+// step everywhere) -> clip by the global norm -> the update on the fp32 master partition ->
 // cast to the model dtype -> all-gather. In fp32 the parameters themselves are the master
 // weights (no copy); in fp16/bf16 a separate fp32 copy of the partition is kept. The gradients
 // it reads are of the model's dtype, or fp32 (Note [Gradient precision] in flat_parameters.h):
@@ -55,12 +55,16 @@ namespace hpc_train {
 
 struct ZeroOptions {
   int stage = 0;
-  AdamOptions adam;
+  OptimizerOptions optimizer;
   double clip_grad = 0.0;       // max global norm; 0 = off
   bool check_overflow = false;  // fp16: look for inf/nan and skip the step on every rank
   // step() and step_on_device(): the learning-rate schedule, evaluated at the steps applied so
-  // far (Note [Schedule step] in lr_schedule.h). Absent: adam.lr throughout.
+  // far (Note [Schedule step] in lr_schedule.h). Absent: optimizer.lr throughout.
   std::optional<LrScheduleParams> lr_schedule;
+  // A schedule given later (set_lr_schedule) will set the momentum (Note [Cycled momentum] in
+  // lr_schedule.h): SGD keeps its momentum buffer from the start, so that a checkpoint's buffer
+  // has a place to go before the run's schedule is known.
+  bool momentum_from_schedule = false;
   // step() and step_on_device(): fp16 loss scaling with LossScaler's rules, on the host or kept
   // on the GPU (needs check_overflow). Absent: the loss scale is 1.
   std::optional<LossScalerOptions> loss_scaling;
@@ -87,11 +91,12 @@ struct StepReport {
 };
 
 // The optimizer state in the logical layout (flat_parameters.h), independent of world size and
-// buckets: what a checkpoint stores and what survives a re-layout.
+// buckets: what a checkpoint stores and what survives a re-layout. Every array is whole; a
+// buffer the update rule does not keep (SGD's second, its first without momentum) is zeros.
 struct FullOptimizerState {
   at::Tensor master;      // fp32
-  at::Tensor exp_avg;
-  at::Tensor exp_avg_sq;
+  at::Tensor exp_avg;     // Adam's first moment, or SGD's momentum buffer
+  at::Tensor exp_avg_sq;  // Adam's second moment
   int64_t steps = 0;
 };
 
@@ -126,7 +131,9 @@ class ZeroOptimizer : private LayoutObserver {
   void resume(int64_t global_step, int64_t adam_steps, const LossScalerState& scaler);
 
   // Replaces ZeroOptions::lr_schedule (e.g. once the run's length is known), for both paths.
-  // Before a step is captured: a captured step keeps the schedule it was captured with.
+  // Before a step is captured: a captured step keeps the schedule it was captured with. Throws
+  // Error for a schedule that sets the momentum of an SGD without its buffer (see
+  // ZeroOptions::momentum_from_schedule).
   void set_lr_schedule(const LrScheduleParams& schedule);
 
   // Steps applied. On a GPU it reads the device (a sync).
@@ -162,6 +169,10 @@ class ZeroOptimizer : private LayoutObserver {
   };
 
   bool partitioned() const { return options_.stage >= 1; }
+  // The schedule sets the momentum (Note [Cycled momentum] in lr_schedule.h).
+  bool cycles_momentum() const;
+  // state_buffers(), for this run's rule and schedule.
+  int kept_state_buffers() const;
   bool on_device() const { return flat_.values().is_cuda(); }
   bool separate_master() const;
   at::Tensor gradient_partition();  // fp32 copy or view of this rank's reduced gradients
@@ -197,8 +208,11 @@ class ZeroOptimizer : private LayoutObserver {
   int64_t host_global_step_ = 0;
   StepOutcome host_last_outcome_;
   double host_last_lr_ = 0.0;
+  double host_momentum_ = 0.0;  // the latest step's: SGD's momentum, or Adam's beta1
   std::optional<LossScaler> host_scaler_;
   at::Tensor master_;  // fp32; partition (stages 1, 2) or whole; undefined when params are fp32 master
+  // The update rule's state (state_buffers in optimizer.h): both for Adam, exp_avg alone for SGD
+  // with momentum; undefined where the rule keeps none.
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
   // The device path's buffers, on the parameters' GPU (undefined on the CPU).

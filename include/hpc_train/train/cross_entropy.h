@@ -1,5 +1,6 @@
 // The training loss: the mean cross-entropy of the logits against the labels, in fp32 whatever
-// the model dtype (LibTorch's cross_entropy(logits.to(kFloat), labels)).
+// the model dtype (LibTorch's cross_entropy(logits.to(kFloat), labels)), with torch's label
+// smoothing (--label-smoothing; cross_entropy_items.h gives the formula).
 //
 // Note [Fused cross-entropy]
 // LibTorch runs it as a cast of the logits to fp32, log_softmax and nll_loss, and backward as
@@ -17,8 +18,10 @@
 
 namespace hpc_train {
 
-// logits [rows, classes], labels [rows] int64 in [0, classes). Returns the mean loss, fp32 [].
-torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+// logits [rows, classes], labels [rows] int64 in [0, classes), label_smoothing in [0, 1).
+// Returns the mean loss, fp32 [].
+torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels,
+                                 double label_smoothing = 0.0);
 
 // Whether mean_cross_entropy runs the fused kernels for these inputs (the tests ask); false in
 // a build without CUDA.
@@ -26,7 +29,8 @@ bool fused_cross_entropy_applies(const torch::Tensor& logits, const torch::Tenso
 
 namespace detail {
 // The build's fused path (cross_entropy_cuda.cpp, cross_entropy_cpu.cpp).
-torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels,
+                                  double label_smoothing);
 }  // namespace detail
 
 }  // namespace hpc_train

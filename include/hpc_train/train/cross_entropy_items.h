@@ -9,6 +9,10 @@
 // row's log-sum-exp kept by the forward. A label outside [0, classes) makes the row's loss NaN
 // (and its gradient NaN) instead of a read out of bounds; the dataset's checks keep labels in
 // range before training starts.
+//
+// With label smoothing e (torch's CrossEntropyLoss(label_smoothing=e)) the target is
+// (1 - e) one_hot + e / classes: a row's loss is (1 - e)(lse - x[label]) + e (lse - mean_k x[k]),
+// the gradient (softmax - (1 - e) one_hot - e / classes) x grad / rows.
 #pragma once
 
 #include <cmath>
@@ -22,8 +26,10 @@
 
 namespace hpc_train {
 
+// The problem: its shape, and the loss's label smoothing (0: none).
 struct CrossEntropyShape {
   int64_t rows = 0, classes = 0;
+  float label_smoothing = 0.0f;
 };
 
 // Row `row`'s loss; its log-sum-exp into *lse.
@@ -34,11 +40,19 @@ HPC_TRAIN_LOSS_FUNCTION float cross_entropy_row(const CrossEntropyShape& s, cons
   float largest = -INFINITY;
   for (int64_t k = 0; k < s.classes; ++k) largest = fmaxf(largest, Convert::to_float(x[k]));
   float sum = 0.0f;
-  for (int64_t k = 0; k < s.classes; ++k) sum += expf(Convert::to_float(x[k]) - largest);
+  float sum_of_logits = 0.0f;  // for label smoothing
+  for (int64_t k = 0; k < s.classes; ++k) {
+    const float value = Convert::to_float(x[k]);
+    sum += expf(value - largest);
+    sum_of_logits += value;
+  }
   *lse = largest + logf(sum);
   const int64_t label = labels[row];
   if (label < 0 || label >= s.classes) return NAN;
-  return *lse - Convert::to_float(x[label]);
+  const float nll = *lse - Convert::to_float(x[label]);
+  if (s.label_smoothing == 0.0f) return nll;
+  const float smooth = *lse - sum_of_logits / static_cast<float>(s.classes);
+  return (1.0f - s.label_smoothing) * nll + s.label_smoothing * smooth;
 }
 
 // The gradient's element `element` (row-major) of the mean loss, scaled by *grad_loss.
@@ -49,10 +63,11 @@ HPC_TRAIN_LOSS_FUNCTION void cross_entropy_grad_element(const CrossEntropyShape&
                                                         int64_t element, T* grad_logits) {
   const int64_t row = element / s.classes, k = element % s.classes;
   const int64_t label = labels[row];
-  const float one_hot = k == label ? 1.0f : 0.0f;
+  const float target = (k == label ? 1.0f - s.label_smoothing : 0.0f) +
+                       s.label_smoothing / static_cast<float>(s.classes);
   const float softmax = expf(Convert::to_float(logits[element]) - lse[row]);
   const float scale = *grad_loss / static_cast<float>(s.rows);
-  const float value = label < 0 || label >= s.classes ? NAN : (softmax - one_hot) * scale;
+  const float value = label < 0 || label >= s.classes ? NAN : (softmax - target) * scale;
   grad_logits[element] = Convert::template from_float<T>(value);
 }
 

@@ -43,11 +43,15 @@ ReducerOptions reducer_options(const TrainConfig& config, int world_size, int64_
 // fp16's loss scaling (--loss-scale 0: dynamic, from 2^--initial-scale-power); none otherwise.
 std::optional<LossScalerOptions> loss_scaling(const TrainConfig& config);
 
-// The partitioned optimizer: stage, Adam/AdamW, clipping, and fp16's overflow check and scaling.
+// --optimizer and its hyper-parameters.
+OptimizerOptions optimizer_options(const TrainConfig& config);
+
+// The partitioned optimizer: stage, the update rule, clipping, and fp16's overflow check and
+// scaling.
 ZeroOptions zero_options(const TrainConfig& config);
 
 // The LR schedule of a run of `run_steps` optimizer steps (--schedule-steps, when given, sets
-// the cosine's length instead).
+// the cosine's or decay's end instead; one-cycle's 0 steps are half the run each way).
 LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
 
 // Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new

@@ -796,8 +796,8 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
   }
 }
 
-// SGD (plain, with dampened momentum, Nesterov with weight decay) and a one-cycle schedule that
-// cycles SGD's momentum and Adam's beta1: the fused kernels against the same ZeroOptimizer on the
+// SGD (plain, with dampened momentum, Nesterov with weight decay), a one-cycle schedule that
+// cycles SGD's momentum and Adam's beta1, and weight decay kept off the 1-D parameters: the fused kernels against the same ZeroOptimizer on the
 // CPU, whose ATen updates equal torch.optim's (test_optimizer.cpp), at every stage, fp32 and bf16.
 TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
   std::mt19937_64 gen = generator_for(17);
@@ -805,13 +805,16 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
     const char* name;
     OptimizerKind kind;
     double momentum, dampening, weight_decay;
-    bool nesterov, one_cycle;
+    bool nesterov, one_cycle, no_decay_below_2d;
   };
-  const Case cases[] = {{"sgd", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, false},
-                        {"sgd momentum dampening", OptimizerKind::kSgd, 0.9, 0.1, 5e-4, false, false},
-                        {"sgd nesterov", OptimizerKind::kSgd, 0.9, 0.0, 5e-4, true, false},
-                        {"sgd one-cycle", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, true},
-                        {"adamw one-cycle", OptimizerKind::kAdamW, 0.0, 0.0, 0.01, false, true}};
+  const Case cases[] = {
+      {"sgd", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, false, false},
+      {"sgd momentum dampening", OptimizerKind::kSgd, 0.9, 0.1, 5e-4, false, false, false},
+      {"sgd nesterov", OptimizerKind::kSgd, 0.9, 0.0, 5e-4, true, false, false},
+      {"sgd one-cycle", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, true, false},
+      {"adamw one-cycle", OptimizerKind::kAdamW, 0.0, 0.0, 0.01, false, true, false},
+      {"sgd no decay below 2-D", OptimizerKind::kSgd, 0.9, 0.0, 0.05, false, false, true},
+      {"adamw no decay below 2-D", OptimizerKind::kAdamW, 0.0, 0.0, 0.05, false, false, true}};
   for (const Case& c : cases) {
     for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
       for (int stage = 0; stage <= 2; ++stage) {
@@ -825,6 +828,7 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
         options.optimizer.dampening = c.dampening;
         options.optimizer.nesterov = c.nesterov;
         options.optimizer.weight_decay = c.weight_decay;
+        options.no_decay_below_2d = c.no_decay_below_2d;
         if (c.one_cycle) {
           LrScheduleParams schedule;
           schedule.kind = LrScheduleKind::kOneCycle;

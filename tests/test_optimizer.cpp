@@ -110,6 +110,55 @@ TEST(SgdUpdate, MatchesLibTorchSgd) {
   }
 }
 
+// A decay mask (--no-decay-bias-bn) is torch's parameter group with weight_decay 0: a weight that
+// decays and a bias that does not, as one flat tensor, against AdamW and SGD with two groups.
+TEST(OptimizerUpdates, ADecayMaskIsATorchGroupWithoutDecay) {
+  for (hpc_train::OptimizerKind kind : {hpc_train::OptimizerKind::kAdamW, hpc_train::OptimizerKind::kSgd}) {
+    torch::manual_seed(9);
+    torch::Tensor weight = torch::randn({20, 30}).requires_grad_(true);
+    torch::Tensor bias = torch::randn({30}).requires_grad_(true);
+    torch::Tensor ours = torch::cat({weight.detach().flatten(), bias.detach()});
+    const torch::Tensor mask =
+        torch::cat({torch::ones({600}, torch::kBool), torch::zeros({30}, torch::kBool)});
+    hpc_train::OptimizerOptions options{0.01, 0.9, 0.999, 1e-8, 0.1, kind};
+    options.momentum = 0.9;
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    std::unique_ptr<torch::optim::Optimizer> libtorch;
+    if (kind == hpc_train::OptimizerKind::kAdamW) {
+      groups.emplace_back(std::vector<torch::Tensor>{weight},
+                          std::make_unique<torch::optim::AdamWOptions>(
+                              torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
+      groups.emplace_back(std::vector<torch::Tensor>{bias},
+                          std::make_unique<torch::optim::AdamWOptions>(
+                              torch::optim::AdamWOptions(0.01).weight_decay(0.0)));
+      libtorch = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(0.01));
+    } else {
+      groups.emplace_back(std::vector<torch::Tensor>{weight},
+                          std::make_unique<torch::optim::SGDOptions>(
+                              torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(0.1)));
+      groups.emplace_back(std::vector<torch::Tensor>{bias},
+                          std::make_unique<torch::optim::SGDOptions>(
+                              torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(0.0)));
+      libtorch = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.01));
+    }
+    torch::Tensor first = torch::zeros_like(ours), second = torch::zeros_like(ours);
+    for (int step = 0; step < 5; ++step) {
+      const torch::Tensor grad = torch::randn({630});
+      weight.mutable_grad() = grad.narrow(0, 0, 600).view({20, 30}).clone();
+      bias.mutable_grad() = grad.narrow(0, 600, 30).clone();
+      libtorch->step();
+      if (kind == hpc_train::OptimizerKind::kAdamW)
+        hpc_train::adam_update(ours, grad, first, second, step + 1, 0.01, 0.9, options, mask);
+      else
+        hpc_train::sgd_update(ours, grad, first, step + 1, 0.01, 0.9, options, mask);
+    }
+    const torch::Tensor reference = torch::cat({weight.detach().flatten(), bias.detach()});
+    EXPECT_TRUE(torch::allclose(ours, reference, 1e-6, 1e-7))
+        << (kind == hpc_train::OptimizerKind::kSgd ? "SGD" : "AdamW") << ": largest difference "
+        << (ours - reference).abs().max().item<double>();
+  }
+}
+
 // Adam with a beta1 that changes every step (a one-cycle schedule's) is torch's Adam with the
 // group's betas changed before each step: the bias correction uses the step's beta1.
 TEST(AdamUpdate, ACycledBeta1IsTorchsWithChangedBetas) {

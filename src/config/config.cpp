@@ -122,6 +122,9 @@ const OptionSpec kOptions[] = {
     {"eps", "training", &TrainConfig::eps, "Adam's denominator epsilon"},
     {"weight-decay", "training", &TrainConfig::weight_decay,
      "decoupled for adamw, L2 for adam and sgd"},
+    {"no-decay-bias-bn", "training", &TrainConfig::no_decay_bias_bn,
+     "no weight decay on biases and normalisation weights (every parameter of fewer than 2 "
+     "dimensions), as torchvision's --norm-weight-decay 0 --bias-weight-decay 0"},
     {"label-smoothing", "training", &TrainConfig::label_smoothing,
      "the training loss's label smoothing in [0, 1) (torch.nn.CrossEntropyLoss's); 0 = none"},
     {"momentum", "training", &TrainConfig::momentum, "SGD's momentum; 0 = plain SGD"},

@@ -237,9 +237,10 @@ struct AdamRule {
   static constexpr int kBuffers = 2;  // exp_avg, exp_avg_sq
   AdamConstants c;
   __device__ __forceinline__ void operator()(float grad, float& weight, float& exp_avg,
-                                             float& exp_avg_sq, const StepScalars& s) const {
+                                             float& exp_avg_sq, const StepScalars& s,
+                                             bool decays) const {
     float g = grad * s.grad_multiplier;
-    if (c.has_weight_decay) {
+    if (c.has_weight_decay && decays) {
       if (c.decoupled) weight = weight * s.decay_factor;
       else g = g + c.weight_decay * weight;
     }
@@ -258,9 +259,9 @@ struct SgdRule {
   static constexpr int kBuffers = kMomentum ? 1 : 0;  // the momentum buffer
   SgdConstants c;
   __device__ __forceinline__ void operator()(float grad, float& weight, float& buffer, float&,
-                                             const StepScalars& s) const {
+                                             const StepScalars& s, bool decays) const {
     float d = grad * s.grad_multiplier;
-    if (c.has_weight_decay) d = d + c.weight_decay * weight;
+    if (c.has_weight_decay && decays) d = d + c.weight_decay * weight;
     if constexpr (kMomentum) {
       buffer = buffer * s.buffer_keep + s.gradient_share * d;
       d = c.nesterov ? d + s.momentum * buffer : buffer;
@@ -276,6 +277,7 @@ struct UpdateArguments {
   T* params;
   float* master;  // nullptr: T is float and the parameters are the master weights
   float* buffers[2];  // the rule's state, Rule::kBuffers of them
+  const bool* decay_mask;  // laid out as the state: where weight decay applies; nullptr: everywhere
   const FusedSegment* segments;
   int num_segments;
   const FusedStepState* state;
@@ -303,13 +305,14 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
       w = a.master + segment.master_offset;
     float* b0 = kBuffers > 0 ? a.buffers[0] + segment.master_offset : nullptr;
     float* b1 = kBuffers > 1 ? a.buffers[1] + segment.master_offset : nullptr;
+    const bool* mask = a.decay_mask ? a.decay_mask + segment.master_offset : nullptr;
 
     auto update_one = [&](int64_t i) {
       float weight = w[i];
       float first = 0.0f, second = 0.0f;
       if constexpr (kBuffers > 0) first = b0[i];
       if constexpr (kBuffers > 1) second = b1[i];
-      rule(to_float(g[i]), weight, first, second, s);
+      rule(to_float(g[i]), weight, first, second, s, mask == nullptr || mask[i]);
       w[i] = weight;
       if constexpr (kBuffers > 0) b0[i] = first;
       if constexpr (kBuffers > 1) b1[i] = second;
@@ -320,6 +323,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
     bool vectorised = misalignment(p) == misaligned_by && misalignment(w) == misaligned_by;
     if constexpr (kBuffers > 0) vectorised = vectorised && misalignment(b0) == misaligned_by;
     if constexpr (kBuffers > 1) vectorised = vectorised && misalignment(b1) == misaligned_by;
+    if (mask) vectorised = vectorised && misalignment(mask) == misaligned_by;
     // Not vectorised: the whole segment is "head", element by element.
     const int64_t head = vectorised ? head_elements(segment.numel, misaligned_by) : segment.numel;
     for (int64_t i = thread; i < head; i += threads) update_one(i);
@@ -332,9 +336,12 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
       Vector<float> first{}, second{};
       if constexpr (kBuffers > 0) first = *reinterpret_cast<const Vector<float>*>(b0 + i);
       if constexpr (kBuffers > 1) second = *reinterpret_cast<const Vector<float>*>(b1 + i);
+      Vector<bool> decays;
+      if (mask) decays = *reinterpret_cast<const Vector<bool>*>(mask + i);
 #pragma unroll
       for (int k = 0; k < kVectorElements; ++k)
-        rule(to_float(gv.element[k]), wv.element[k], first.element[k], second.element[k], s);
+        rule(to_float(gv.element[k]), wv.element[k], first.element[k], second.element[k], s,
+             mask == nullptr || decays.element[k]);
       *reinterpret_cast<Vector<float>*>(w + i) = wv;
       if constexpr (kBuffers > 0) *reinterpret_cast<Vector<float>*>(b0 + i) = first;
       if constexpr (kBuffers > 1) *reinterpret_cast<Vector<float>*>(b1 + i) = second;
@@ -353,9 +360,9 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
 // Checks the dtypes and launches `rule`'s update over the segments.
 template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                   float* master, float* buffer0, float* buffer1, const FusedSegment* segments,
-                   int num_segments, int grid_blocks, const FusedStepState* state,
-                   const Rule& rule, cudaStream_t stream);
+                   float* master, float* buffer0, float* buffer1, const bool* decay_mask,
+                   const FusedSegment* segments, int num_segments, int grid_blocks,
+                   const FusedStepState* state, const Rule& rule, cudaStream_t stream);
 
 void check_grid(int num_segments, int grid_blocks, const char* what) {
   if (num_segments < 1 || grid_blocks < 1)
@@ -407,12 +414,12 @@ void launch_adam_update(const void* grads, void* params, KernelDtype dtype, floa
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream) {
-  launch_adam_update(grads, dtype, params, dtype, master, exp_avg, exp_avg_sq, segments,
+  launch_adam_update(grads, dtype, params, dtype, master, exp_avg, exp_avg_sq, nullptr, segments,
                      num_segments, grid_blocks, state, options, stream);
 }
 
 void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                        float* master, float* exp_avg, float* exp_avg_sq,
+                        float* master, float* exp_avg, float* exp_avg_sq, const bool* decay_mask,
                         const FusedSegment* segments, int num_segments, int grid_blocks,
                         const FusedStepState* state, const FusedStepOptions& options,
                         cudaStream_t stream) {
@@ -420,34 +427,35 @@ void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params,
   const AdamRule rule{{static_cast<float>(options.beta2), static_cast<float>(1.0 - options.beta2),
                        static_cast<float>(options.eps), static_cast<float>(options.weight_decay),
                        options.decoupled_weight_decay, options.weight_decay != 0.0}};
-  launch_update(grads, grad_dtype, params, dtype, master, exp_avg, exp_avg_sq, segments,
-                num_segments, grid_blocks, state, rule, stream);
+  launch_update(grads, grad_dtype, params, dtype, master, exp_avg, exp_avg_sq, decay_mask,
+                segments, num_segments, grid_blocks, state, rule, stream);
 }
 
 void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                       float* master, float* momentum_buffer, const FusedSegment* segments,
-                       int num_segments, int grid_blocks, const FusedStepState* state,
-                       const FusedStepOptions& options, cudaStream_t stream) {
+                       float* master, float* momentum_buffer, const bool* decay_mask,
+                       const FusedSegment* segments, int num_segments, int grid_blocks,
+                       const FusedStepState* state, const FusedStepOptions& options,
+                       cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the SGD update");
   if ((momentum_buffer != nullptr) != options.momentum_buffer)
     throw Error("fused optimizer: SGD's momentum buffer is given exactly when the options keep one");
   const SgdConstants constants{static_cast<float>(options.weight_decay),
                                options.weight_decay != 0.0, options.nesterov};
   if (options.momentum_buffer)
-    launch_update(grads, grad_dtype, params, dtype, master, momentum_buffer, nullptr, segments,
-                  num_segments, grid_blocks, state, SgdRule<true>{constants}, stream);
+    launch_update(grads, grad_dtype, params, dtype, master, momentum_buffer, nullptr, decay_mask,
+                  segments, num_segments, grid_blocks, state, SgdRule<true>{constants}, stream);
   else
-    launch_update(grads, grad_dtype, params, dtype, master, nullptr, nullptr, segments,
-                  num_segments, grid_blocks, state, SgdRule<false>{constants}, stream);
+    launch_update(grads, grad_dtype, params, dtype, master, nullptr, nullptr, decay_mask,
+                  segments, num_segments, grid_blocks, state, SgdRule<false>{constants}, stream);
 }
 
 namespace {
 
 template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                   float* master, float* buffer0, float* buffer1, const FusedSegment* segments,
-                   int num_segments, int grid_blocks, const FusedStepState* state,
-                   const Rule& rule, cudaStream_t stream) {
+                   float* master, float* buffer0, float* buffer1, const bool* decay_mask,
+                   const FusedSegment* segments, int num_segments, int grid_blocks,
+                   const FusedStepState* state, const Rule& rule, cudaStream_t stream) {
   if (grad_dtype != dtype && grad_dtype != KernelDtype::kFloat32)
     throw Error("fused optimizer: gradients must be of the parameters' dtype or fp32");
   if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
@@ -457,8 +465,8 @@ void launch_update(const void* grads, KernelDtype grad_dtype, void* params, Kern
     using G = decltype(grad_element);
     using T = decltype(element);
     const UpdateArguments<G, T> arguments{static_cast<const G*>(grads), static_cast<T*>(params),
-                                          master, {buffer0, buffer1}, segments, num_segments,
-                                          state};
+                                          master, {buffer0, buffer1}, decay_mask, segments,
+                                          num_segments, state};
     update_kernel<G, T, Rule><<<grid_blocks, kThreads, 0, stream>>>(arguments, rule);
   };
   with_element_type(dtype, [&](auto element) {

@@ -11,15 +11,31 @@ int state_buffers(const OptimizerOptions& options, bool cycled_momentum) {
   return options.momentum != 0.0 || cycled_momentum ? 1 : 0;
 }
 
+namespace {
+
+// The gradient with weight decay as an L2 term (Adam, SGD), where `decay_mask` lets it.
+at::Tensor with_l2_term(const at::Tensor& grads, const at::Tensor& parameters,
+                        double weight_decay, const at::Tensor& decay_mask) {
+  const at::Tensor decayed = grads.add(parameters, weight_decay);
+  return decay_mask.defined() ? at::where(decay_mask, decayed, grads) : decayed;
+}
+
+}  // namespace
+
 void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_avg,
                  at::Tensor exp_avg_sq, int64_t step, double lr, double beta1,
-                 const OptimizerOptions& options) {
+                 const OptimizerOptions& options, const at::Tensor& decay_mask) {
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(options.beta2, static_cast<double>(step));
   at::Tensor grad = grads;
   if (options.weight_decay != 0.0) {
-    if (options.decoupled_weight_decay()) parameters.mul_(1.0 - lr * options.weight_decay);
-    else grad = grads.add(parameters, options.weight_decay);
+    const double decay_factor = 1.0 - lr * options.weight_decay;
+    if (!options.decoupled_weight_decay())
+      grad = with_l2_term(grads, parameters, options.weight_decay, decay_mask);
+    else if (decay_mask.defined())
+      parameters.copy_(at::where(decay_mask, parameters * decay_factor, parameters));
+    else
+      parameters.mul_(decay_factor);
   }
   exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
   exp_avg_sq.mul_(options.beta2).addcmul_(grad, grad, 1.0 - options.beta2);
@@ -29,10 +45,12 @@ void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_
 }
 
 void sgd_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor momentum_buffer,
-                int64_t step, double lr, double momentum, const OptimizerOptions& options) {
+                int64_t step, double lr, double momentum, const OptimizerOptions& options,
+                const at::Tensor& decay_mask) {
   // torch.optim.SGD's single-tensor step, operation for operation.
   at::Tensor direction = grads;
-  if (options.weight_decay != 0.0) direction = grads.add(parameters, options.weight_decay);
+  if (options.weight_decay != 0.0)
+    direction = with_l2_term(grads, parameters, options.weight_decay, decay_mask);
   if (momentum_buffer.defined()) {
     if (step == 1) momentum_buffer.copy_(direction);
     else momentum_buffer.mul_(momentum).add_(direction, 1.0 - options.dampening);

@@ -154,6 +154,13 @@ void ZeroOptimizer::set_lr_schedule(const LrScheduleParams& schedule) {
                 "buffer");
 }
 
+at::Tensor ZeroOptimizer::decay_mask_logical() const {
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& parameter : flat_.parameters())
+    pieces.push_back(at::full({parameter.numel()}, parameter.dim() >= 2 ? 1.0f : 0.0f, at::kFloat));
+  return at::cat(pieces);
+}
+
 bool ZeroOptimizer::cycles_momentum() const {
   return options_.momentum_from_schedule ||
          (options_.lr_schedule && options_.lr_schedule->kind == LrScheduleKind::kOneCycle &&
@@ -207,9 +214,9 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
 
   const OptimizerOptions& rule = options_.optimizer;
   const auto update = [&](at::Tensor target, const at::Tensor& g, at::Tensor first,
-                          at::Tensor second) {
-    if (rule.adam()) adam_update(target, g, first, second, steps_, lr, host_momentum_, rule);
-    else sgd_update(target, g, first, steps_, lr, host_momentum_, rule);
+                          at::Tensor second, const at::Tensor& mask) {
+    if (rule.adam()) adam_update(target, g, first, second, steps_, lr, host_momentum_, rule, mask);
+    else sgd_update(target, g, first, steps_, lr, host_momentum_, rule, mask);
   };
   // A buffer the rule does not keep stays undefined in its slices too.
   const auto slice_of = [](const at::Tensor& t, const Partition::Slice& slice) {
@@ -217,7 +224,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   };
   if (!partitioned()) {
     at::Tensor target = master_.defined() ? master_ : flat_.values();
-    update(target, grads, exp_avg_, exp_avg_sq_);
+    update(target, grads, exp_avg_, exp_avg_sq_, decay_mask_);
     if (master_.defined()) flat_.values().copy_(master_);
     return outcome;
   }
@@ -225,7 +232,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
     at::Tensor target =
         master_.defined() ? partition_slice(master_, slice) : own_slice(flat_.values(), slice);
     update(target, partition_slice(grads, slice), slice_of(exp_avg_, slice),
-           slice_of(exp_avg_sq_, slice));
+           slice_of(exp_avg_sq_, slice), slice_of(decay_mask_, slice));
     if (master_.defined()) own_slice(flat_.values(), slice).copy_(target);
   }
   outcome.gather_ms = all_gather_parameters();
@@ -233,7 +240,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
 }
 
 int64_t ZeroOptimizer::state_bytes() const {
-  return bytes_of(master_) + bytes_of(exp_avg_) + bytes_of(exp_avg_sq_);
+  return bytes_of(master_) + bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(decay_mask_);
 }
 
 at::Tensor ZeroOptimizer::assemble_full(const at::Tensor& partition) {
@@ -273,6 +280,7 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   const int buffers = kept_state_buffers();
   exp_avg_ = buffers >= 1 ? local(state.exp_avg) : at::Tensor();
   exp_avg_sq_ = buffers >= 2 ? local(state.exp_avg_sq) : at::Tensor();
+  decay_mask_ = options_.no_decay_below_2d ? local(decay_mask_logical()).to(at::kBool) : at::Tensor();
   master_ = separate_master() ? local(state.master) : at::Tensor();
   // The parameters follow the master weights (a no-op right after construction or re-layout).
   flat_.values().copy_(flat_.from_logical(state.master).to(flat_.values().scalar_type()));

@@ -157,14 +157,15 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
                           options, host_inputs ? &host : nullptr, state, loss_scale_.data_ptr<float>(),
                           stream);
   float* master = master_.defined() ? master_.data_ptr<float>() : nullptr;
+  const bool* decay_mask = decay_mask_.defined() ? decay_mask_.data_ptr<bool>() : nullptr;
   if (options_.optimizer.adam()) {
     launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
-                       exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), segments,
-                       num_segments, device_grid_blocks_, state, options, stream);
+                       exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), decay_mask,
+                       segments, num_segments, device_grid_blocks_, state, options, stream);
   } else {
     launch_sgd_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
-                      exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, segments,
-                      num_segments, device_grid_blocks_, state, options, stream);
+                      exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, decay_mask,
+                      segments, num_segments, device_grid_blocks_, state, options, stream);
   }
 }
 

@@ -30,10 +30,11 @@ tests/support/check_safetensors.py), not the safetensors package.
     torchscript_models.py train MODULE.pt WEIGHTS.safetensors IDX_DIR --max-train N --steps S
                           --lr LR [--optimizer sgd|adamw] [--momentum M] [--dampening D]
                           [--nesterov] [--weight-decay W] [--milestones A,B --gamma G]
-                          [--label-smoothing E]
+                          [--label-smoothing E] [--no-decay-bias-bn]
         PyTorch's reference trajectory: the module from the weights, trained in train mode on
         the first N train images (normalised as above) as one batch a step with torch.optim's
-        optimizer, MultiStepLR and CrossEntropyLoss(label_smoothing=E); prints each step's loss,
+        optimizer, MultiStepLR and CrossEntropyLoss(label_smoothing=E), with the parameters
+        below 2-D in a group without weight decay (--no-decay-bias-bn); prints each step's loss,
         one a line
 """
 import argparse
@@ -287,6 +288,9 @@ def command_train(args):
     module.load_state_dict(load_safetensors(args.weights), strict=True)
     module.train()
     parameters = list(module.parameters())
+    if args.no_decay_bias_bn:
+        parameters = [{"params": [p for p in parameters if p.dim() >= 2]},
+                      {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum,
                                     dampening=args.dampening, weight_decay=args.weight_decay,
@@ -362,6 +366,7 @@ def main():
     p.add_argument("--milestones", default="")
     p.add_argument("--gamma", type=float, default=0.1)
     p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--no-decay-bias-bn", action="store_true")
     p.set_defaults(run=command_train)
     args = parser.parse_args()
     args.run(args)

@@ -49,6 +49,7 @@ struct TrainConfig {
   double beta2 = 0.999;           // --beta2
   double eps = 1e-8;              // --eps
   double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam and sgd)
+  bool no_decay_bias_bn = false;  // --no-decay-bias-bn: none on parameters below 2-D
   double label_smoothing = 0.0;   // --label-smoothing: the training loss's (torch's meaning)
   double momentum = 0.0;          // --momentum: SGD's; 0 = plain SGD
   double dampening = 0.0;         // --dampening: SGD's

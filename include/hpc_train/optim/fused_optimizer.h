@@ -133,21 +133,23 @@ void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares
 // The update of every segment, unless the state says the step overflowed. `master` is nullptr
 // when the model is fp32 (the parameters are the master weights, updated in place). The
 // gradients are of the parameters' dtype, or of `grad_dtype` where given: fp32 gradients of a
-// 16-bit model (Note [Gradient precision] in flat_parameters.h).
+// 16-bit model (Note [Gradient precision] in flat_parameters.h). `decay_mask` (laid out as the
+// moments; nullptr: every element): where weight decay applies (--no-decay-bias-bn).
 void launch_adam_update(const void* grads, void* params, KernelDtype dtype, float* master,
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream);
 void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                        float* master, float* exp_avg, float* exp_avg_sq,
+                        float* master, float* exp_avg, float* exp_avg_sq, const bool* decay_mask,
                         const FusedSegment* segments, int num_segments, int grid_blocks,
                         const FusedStepState* state, const FusedStepOptions& options,
                         cudaStream_t stream);
 // SGD's update, as launch_adam_update's; `momentum_buffer` is nullptr when
 // options.momentum_buffer is false.
 void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
-                       float* master, float* momentum_buffer, const FusedSegment* segments,
-                       int num_segments, int grid_blocks, const FusedStepState* state,
-                       const FusedStepOptions& options, cudaStream_t stream);
+                       float* master, float* momentum_buffer, const bool* decay_mask,
+                       const FusedSegment* segments, int num_segments, int grid_blocks,
+                       const FusedStepState* state, const FusedStepOptions& options,
+                       cudaStream_t stream);
 
 }  // namespace hpc_train

@@ -39,14 +39,17 @@ int state_buffers(const OptimizerOptions& options, bool cycled_momentum);
 // One Adam/AdamW update of `parameters` (fp32, in place) from `grads`, with moments `exp_avg`
 // and `exp_avg_sq` (updated in place); `step` counts from 1. All four are the same shape.
 // `beta1` replaces options.beta1 (a one-cycle schedule cycles it), the bias correction included.
+// `decay_mask` (bool, the same shape; undefined: every element): the elements weight decay
+// applies to (--no-decay-bias-bn), as a torch parameter group without decay leaves the others.
 void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_avg,
                  at::Tensor exp_avg_sq, int64_t step, double lr, double beta1,
-                 const OptimizerOptions& options);
+                 const OptimizerOptions& options, const at::Tensor& decay_mask = {});
 
 // One SGD update of `parameters` from `grads`, with `momentum_buffer` (undefined when the run
 // keeps none); `step` counts from 1: on step 1 the buffer becomes the gradient, as torch's does.
-// `momentum` replaces options.momentum (a one-cycle schedule cycles it).
+// `momentum` replaces options.momentum (a one-cycle schedule cycles it); `decay_mask` as above.
 void sgd_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor momentum_buffer,
-                int64_t step, double lr, double momentum, const OptimizerOptions& options);
+                int64_t step, double lr, double momentum, const OptimizerOptions& options,
+                const at::Tensor& decay_mask = {});
 
 }  // namespace hpc_train

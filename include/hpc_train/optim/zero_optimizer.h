@@ -65,6 +65,9 @@ struct ZeroOptions {
   // lr_schedule.h): SGD keeps its momentum buffer from the start, so that a checkpoint's buffer
   // has a place to go before the run's schedule is known.
   bool momentum_from_schedule = false;
+  // --no-decay-bias-bn: no weight decay on parameters of one dimension or none (biases,
+  // normalisation weights), as torch parameter groups with weight_decay 0 give.
+  bool no_decay_below_2d = false;
   // step() and step_on_device(): fp16 loss scaling with LossScaler's rules, on the host or kept
   // on the GPU (needs check_overflow). Absent: the loss scale is 1.
   std::optional<LossScalerOptions> loss_scaling;
@@ -138,7 +141,8 @@ class ZeroOptimizer : private LayoutObserver {
 
   // Steps applied. On a GPU it reads the device (a sync).
   int64_t steps_taken() const;
-  // Bytes of optimizer state on this rank: moments, plus fp32 master weights when separate.
+  // Bytes of optimizer state on this rank: the rule's buffers, fp32 master weights when separate,
+  // and the weight decay's mask where it has one.
   int64_t state_bytes() const;
 
   FullOptimizerState gather_full_state();  // collective
@@ -173,6 +177,8 @@ class ZeroOptimizer : private LayoutObserver {
   bool cycles_momentum() const;
   // state_buffers(), for this run's rule and schedule.
   int kept_state_buffers() const;
+  // fp32 in the logical layout: 1 where weight decay applies, 0 on parameters below 2-D.
+  at::Tensor decay_mask_logical() const;
   bool on_device() const { return flat_.values().is_cuda(); }
   bool separate_master() const;
   at::Tensor gradient_partition();  // fp32 copy or view of this rank's reduced gradients
@@ -215,6 +221,8 @@ class ZeroOptimizer : private LayoutObserver {
   // with momentum; undefined where the rule keeps none.
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
+  // bool, laid out as the state: the elements weight decay applies to; undefined: every one.
+  at::Tensor decay_mask_;
   // The device path's buffers, on the parameters' GPU (undefined on the CPU).
   at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
   // fp32 [1]: the device scaler's current scale, updated by every step_on_device; the loss is

@@ -93,3 +93,8 @@ hpc_train_add_test(NAME test_test_hooks SOURCES test_test_hooks.cpp RANKS 1
 # Note [Stop agreement]: the stop signal and the checkpoint clock agreed a step late, never waited for.
 hpc_train_add_test(NAME test_step_agreement SOURCES test_step_agreement.cpp RANKS 1 3
                    LIBS hpc_train_engine TIMEOUT 60)
+
+# Note [Evaluation sums]: loss, top-1, top-5, per-class accuracy and the confusion matrix against
+# references computed with plain loops, at 1 and 3 ranks.
+hpc_train_add_test(NAME test_evaluation_sums SOURCES test_evaluation_sums.cpp RANKS 1 3
+                   LIBS hpc_train_engine TIMEOUT 120)

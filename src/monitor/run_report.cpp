@@ -16,6 +16,70 @@
 
 namespace hpc_train {
 
+std::vector<int64_t> EvalResult::class_samples() const {
+  std::vector<int64_t> samples_of(static_cast<size_t>(num_classes), 0);
+  for (int64_t label = 0; label < num_classes; ++label)
+    for (int64_t predicted = 0; predicted < num_classes; ++predicted)
+      samples_of[label] += confusion[label * num_classes + predicted];
+  return samples_of;
+}
+
+std::vector<std::optional<double>> EvalResult::class_accuracy() const {
+  const std::vector<int64_t> samples_of = class_samples();
+  std::vector<std::optional<double>> accuracy(samples_of.size());
+  for (int64_t label = 0; label < num_classes; ++label)
+    if (samples_of[label] > 0)
+      accuracy[label] = static_cast<double>(confusion[label * num_classes + label]) /
+                        static_cast<double>(samples_of[label]);
+  return accuracy;
+}
+
+nlohmann::json EvalResult::to_json(const std::string& prefix) const {
+  nlohmann::json per_class = nlohmann::json::array();
+  for (const std::optional<double>& value : class_accuracy())
+    per_class.push_back(value ? nlohmann::json(*value) : nlohmann::json(nullptr));
+  auto or_null = [](const auto& value) {
+    return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+  };
+  return {{prefix + "loss", loss},
+          {prefix + "accuracy", accuracy},
+          {prefix + "correct", correct},
+          {prefix + "samples", samples},
+          {prefix + "top5_accuracy", or_null(top5_accuracy)},
+          {prefix + "correct_top5", or_null(correct_top5)},
+          {prefix + "class_accuracy", per_class}};
+}
+
+std::string EvalResult::describe_top5_and_classes() const {
+  char text[64];
+  std::string line;
+  if (top5_accuracy) {
+    std::snprintf(text, sizeof text, ", top-5 %.2f%%", 100.0 * *top5_accuracy);
+    line += text;
+  }
+  const std::vector<std::optional<double>> per_class = class_accuracy();
+  if (per_class.empty()) return line;
+  if (num_classes <= kListedClassAccuracies) {
+    line += "; per class";
+    for (const std::optional<double>& value : per_class) {
+      if (value) std::snprintf(text, sizeof text, " %.1f", 100.0 * *value);
+      line += value ? text : " -";
+    }
+    return line + " %";
+  }
+  int64_t lowest = -1, highest = -1;
+  for (int64_t label = 0; label < num_classes; ++label) {
+    if (!per_class[label]) continue;
+    if (lowest < 0 || *per_class[label] < *per_class[lowest]) lowest = label;
+    if (highest < 0 || *per_class[label] > *per_class[highest]) highest = label;
+  }
+  if (lowest < 0) return line;
+  std::snprintf(text, sizeof text, "; per class %.1f%% (class %lld) to %.1f%% (class %lld)",
+                100.0 * *per_class[lowest], static_cast<long long>(lowest),
+                100.0 * *per_class[highest], static_cast<long long>(highest));
+  return line + text;
+}
+
 nlohmann::json TrainSummary::to_json() const {
   nlohmann::json summary = {{"world_size", world_size},
           {"model", model},
@@ -27,10 +91,6 @@ nlohmann::json TrainSummary::to_json() const {
           {"steps", steps},
           {"global_batch", global_batch},
           {"final_train_loss", final_train_loss},
-          {"test_loss", test.loss},
-          {"test_accuracy", test.accuracy},
-          {"test_correct", test.correct},
-          {"test_samples", test.samples},
           {"wall_s", wall_s},
           {"samples_per_s", samples_per_s},
           {"ms_per_step", ms_per_step},
@@ -55,6 +115,7 @@ nlohmann::json TrainSummary::to_json() const {
             {"exchange_ms_per_step", data_store_exchange_ms_per_step}}},
           {"step_breakdown", breakdown.to_json()}};
   summary.update(storage_reads.to_json());
+  summary.update(test.to_json("test_"));
   return summary;
 }
 
@@ -199,9 +260,12 @@ std::vector<ScalarEvent> interval_events(const IntervalReport& r) {
 
 std::vector<ScalarEvent> epoch_events(const EpochReport& r) {
   const int64_t step = r.at.samples_seen();
-  return {{"Train/Samples/epoch_train_loss", r.train_loss, step},
-          {"Test/Samples/test_loss", r.test.loss, step},
-          {"Test/Samples/test_accuracy", r.test.accuracy, step}};
+  std::vector<ScalarEvent> events = {{"Train/Samples/epoch_train_loss", r.train_loss, step},
+                                     {"Test/Samples/test_loss", r.test.loss, step},
+                                     {"Test/Samples/test_accuracy", r.test.accuracy, step}};
+  if (r.test.top5_accuracy)
+    events.push_back({"Test/Samples/test_top5_accuracy", *r.test.top5_accuracy, step});
+  return events;
 }
 
 int64_t highest_logged_step(const std::string& path) {
@@ -326,21 +390,20 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"steps", r.at.global_step},
                   {"samples", r.at.samples_seen()},
                   {"train_loss", r.train_loss},
-                  {"test_loss", r.test.loss},
-                  {"test_accuracy", r.test.accuracy},
                   {"epoch_train_s", r.train_s},
                   {"epoch_s", r.wall_s},
                   {"loader_wait_s", r.loader_wait_s},
                   {"skipped_steps", r.skipped_steps},
                   {"loss_scale", r.loss_scale}};
   record.update(r.storage_reads.to_json());
+  record.update(r.test.to_json("test_"));
   metrics_.write(record);
   monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
-      "(%lld/%lld)\n",
+      "(%lld/%lld)%s\n",
       r.at.epoch + 1, r.at.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s,
       r.train_loss, r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
-      static_cast<long long>(r.test.samples));
+      static_cast<long long>(r.test.samples), r.test.describe_top5_and_classes().c_str());
 }
 
 void RunReporter::resumed(const ResumeReport& r) {

@@ -156,6 +156,9 @@ def expected_scalars(run_dir):
             expected[("Train/Samples/epoch_train_loss", r["samples"])] = r["train_loss"]
             expected[("Test/Samples/test_loss", r["samples"])] = r["test_loss"]
             expected[("Test/Samples/test_accuracy", r["samples"])] = r["test_accuracy"]
+            # Note [Top-5 accuracy]: only for a model of 5 classes or more.
+            if r["test_top5_accuracy"] is not None:
+                expected[("Test/Samples/test_top5_accuracy", r["samples"])] = r["test_top5_accuracy"]
         if r["kind"] != "train":
             continue
         for key, name in names.items():

@@ -22,12 +22,39 @@ namespace hpc_train {
 
 class SampleStore;  // sample_store.h
 
+// Note [Top-5 accuracy]
+// A sample counts as correct in the top 5 when its label is among the model's 5 highest logits
+// (torch.topk's choice among equal logits). A model of fewer than 5 classes has no top-5
+// figure: every label would be among its top k = classes, a figure of 100% that says nothing,
+// so correct_top5 and top5_accuracy stay empty there (null in JSON, left out of the log line).
+inline constexpr int64_t kTopKClasses = 5;  // the k of top-k accuracy
+
 struct EvalResult {
   double loss = 0.0;       // mean cross entropy over the split
-  double accuracy = 0.0;   // correct / samples
+  double accuracy = 0.0;   // correct / samples (top-1: the highest logit's class, argmax)
   int64_t correct = 0;
   int64_t samples = 0;     // summed over ranks: the whole split, each sample once
+  std::optional<int64_t> correct_top5;  // Note [Top-5 accuracy]: empty below 5 classes
+  std::optional<double> top5_accuracy;
+  int64_t num_classes = 0;
+  // The confusion matrix, row-major: confusion[label * num_classes + predicted] samples of class
+  // `label` that the model put in class `predicted` (top-1); its diagonal sums to `correct`.
+  std::vector<int64_t> confusion;
+
+  // Samples of each class in the split (the confusion matrix's row sums).
+  std::vector<int64_t> class_samples() const;
+  // Each class's top-1 accuracy (its diagonal entry over its row sum); empty for a class that
+  // the split holds no sample of.
+  std::vector<std::optional<double>> class_accuracy() const;
+  // loss, accuracy, correct, samples, top5_accuracy, correct_top5 (null below 5 classes) and
+  // class_accuracy (a list, null for a class without samples), each key after `prefix`.
+  nlohmann::json to_json(const std::string& prefix) const;
+  // What the log lines add after the top-1 figure: ", top-5 99.12%" (nothing below 5 classes)
+  // and "; per class 82.1 97.3 ... %" (up to kListedClassAccuracies classes; beyond, the lowest
+  // and the highest with their class).
+  std::string describe_top5_and_classes() const;
 };
+inline constexpr int64_t kListedClassAccuracies = 20;
 
 // Bytes this rank holds, by kind (what ZeRO partitions).
 struct MemoryBytes {

@@ -24,6 +24,15 @@
 // (bench/results-notes.md, Note [One evaluation shape]): the evaluation batch, a power of two by
 // default, is the shape kept.
 
+//
+// Note [Evaluation sums]
+// What an evaluation counts stays on the device until the rank's share is done, so that no
+// batch waits for the GPU: the summed loss (fp64), the confusion matrix (int64, classes x
+// classes, by the top-1 class), whose diagonal is the correct answers and whose rows give each
+// class's accuracy, and the top-5 hits (Note [Top-5 accuracy] in run_report.h). At the end they
+// come to the host once and are summed over the ranks in one all-reduce of doubles, exact for
+// counts below 2^53.
+
 #pragma once
 
 #include <c10/core/Device.h>
@@ -31,6 +40,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "hpc_train/comm/comm.h"
 #include "hpc_train/data/dataset_file.h"
@@ -39,6 +49,38 @@
 #include "hpc_train/monitor/run_report.h"
 
 namespace hpc_train {
+
+// The device-side sums of an evaluation (Note [Evaluation sums]).
+class EvalSums {
+ public:
+  EvalSums(int64_t num_classes, c10::Device device);
+
+  // Adds the first `count` rows of `logits` ([B, num_classes], any floating dtype) and of
+  // `labels` (int64 [B]).
+  void add(const torch::Tensor& logits, const torch::Tensor& labels, int64_t count);
+
+  // The sums of every rank, each of which counted `samples`. Collective over `comm`.
+  EvalResult reduce(Communicator& comm, int64_t samples) const;
+
+ private:
+  int64_t num_classes_;
+  torch::Tensor loss_total_;    // fp64 []
+  torch::Tensor correct_top5_;  // int64 []; undefined below kTopKClasses classes
+  torch::Tensor confusion_;     // int64 [num_classes * num_classes], row = label
+};
+
+// Every sample's prediction (hpc_train evaluate's predictions.csv), on rank 0, in split order.
+struct SplitPredictions {
+  int64_t top_classes_per_sample = 0;  // min(kTopKClasses, classes)
+  std::vector<int64_t> index;          // the sample's index in the split, ascending
+  std::vector<int64_t> label;
+  std::vector<int64_t> predicted;      // the top-1 class (argmax, as the accuracy counts it)
+  // [samples x top_classes_per_sample], row-major: the most likely classes, most likely first
+  // (topk; it differs from `predicted` only among equal logits), and their softmax
+  // probabilities (fp32).
+  std::vector<int64_t> top_classes;
+  std::vector<float> top_probabilities;
+};
 
 class Evaluator {
  public:
@@ -49,8 +91,10 @@ class Evaluator {
             Communicator& comm);
 
   // Makes rank 0's buffers (BatchNorm statistics) every rank's, as DDP does, then evaluates
-  // `model` in eval mode. Collective.
-  EvalResult evaluate(TrainableModel& model);
+  // `model` in eval mode. With `predictions`, rank 0's receives every sample's (the others'
+  // stays empty): their rows come to the host with the sums and go to rank 0 at the end.
+  // Collective.
+  EvalResult evaluate(TrainableModel& model, SplitPredictions* predictions = nullptr);
 
   // Reads the split once and keeps it on the device; every evaluate() then gathers from it.
   void keep_split_resident();
@@ -65,9 +109,6 @@ class Evaluator {
   void warm_up(const torch::Tensor& logits) const;
 
  private:
-  // Adds the loss and the correct answers of the first `count` rows of `logits` to the sums.
-  static void add_to_sums(const torch::Tensor& logits, const torch::Tensor& labels, int64_t count,
-                          torch::Tensor& loss_total, torch::Tensor& correct_total);
 
   const DatasetFile& dataset_;
   Split split_;

@@ -12,14 +12,17 @@
 //               configuration checked against it                     (config.h)
 //   trainer  -> model, epochs, steps, evaluation                     (trainer.h)
 //   summary  -> printed by rank 0 and written to summary.json
+// `hpc_train evaluate ...` evaluates trained weights instead          (evaluate_command.h)
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "hpc_train/config/config.h"
+#include "hpc_train/config/evaluate_config.h"
 #include "hpc_train/data/dataset_file.h"
 #include "hpc_train/config/deepspeed_config.h"
 #include "hpc_train/io/atomic_file.h"
@@ -31,20 +34,13 @@
 #include "hpc_train/runtime/runtime.h"
 #include "hpc_train/runtime/startup_phases.h"
 #include "hpc_train/runtime/stop_signal.h"
+#include "hpc_train/train/evaluate_command.h"
 #include "hpc_train/train/run_options.h"
 #include "hpc_train/train/trainer.h"
 
 using namespace hpc_train;
 
 namespace {
-
-// This process's rank as the launcher says it (mpirun, srun, a PMI/PMIx launcher), before MPI
-// exists; 0 when started alone.
-int launcher_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-    if (const char* value = std::getenv(name)) return std::atoi(value);
-  return 0;
-}
 
 // The command line as parsed before MPI starts; nullopt when it does not parse, which is left
 // to the agreed phase in main, which reports it from every rank.
@@ -107,16 +103,7 @@ int run(int argc, char** argv) {
       threads = compute_threads_per_rank(runtime.local_size(), config.threads_per_rank);
     });
     set_compute_threads(threads);
-    // Two phases: a rank whose probe fails must not leave the others waiting in
-    // resolve_placement's collective.
-    RankDevices devices;
-    run_agreed_phase(runtime,
-                     [&] { devices = probe_devices(runtime.hostname(), runtime.local_rank()); });
-    Placement placement;
-    run_agreed_phase(runtime, [&] {
-      placement = resolve_placement(config, runtime.world(), devices);
-      check_mpi_thread_level(placement, runtime.thread_level());  // Note [MPI thread level]
-    });
+    const Placement placement = agree_placement(runtime, config);
     startup.end_phase("placement");  // devices probed and agreed (CUDA starts in the trainer)
     if (runtime.rank() == 0) {
       const std::string resolved = to_ini(config);
@@ -216,7 +203,8 @@ int run(int argc, char** argv) {
 // _Exit; the kernel releases the memory, the files and the GPU as at any exit. (A leak checker
 // that reports at exit, such as LeakSanitizer, reports nothing for hpc_train.)
 int main(int argc, char** argv) {
-  const int exit_code = run(argc, argv);
+  const bool evaluate = argc > 1 && std::strcmp(argv[1], kEvaluateCommand) == 0;
+  const int exit_code = evaluate ? run_evaluate_command(argc, argv) : run(argc, argv);
   std::fflush(nullptr);
   std::_Exit(exit_code);
 }

@@ -98,3 +98,10 @@ hpc_train_add_test(NAME test_step_agreement SOURCES test_step_agreement.cpp RANK
 # references computed with plain loops, at 1 and 3 ranks.
 hpc_train_add_test(NAME test_evaluation_sums SOURCES test_evaluation_sums.cpp RANKS 1 3
                    LIBS hpc_train_engine TIMEOUT 120)
+# hpc_train evaluate on a trained run's checkpoint at 1 and 3 ranks, its safetensors export and
+# the train split; against summary.json, the predictions and torch; its errors; the picture
+# of its confusion matrix (hpc_train_report).
+hpc_train_add_script_test(NAME test_evaluate SCRIPT test_evaluate.sh TIMEOUT 500)
+set_tests_properties(test_evaluate PROPERTIES SKIP_RETURN_CODE 77)
+set_property(TEST test_evaluate APPEND PROPERTY ENVIRONMENT
+             "HPC_TRAIN_REPORT=${PROJECT_BINARY_DIR}/hpc_train_report")

@@ -296,7 +296,8 @@ std::unique_ptr<TrainableModel> load_scripted_model(const std::string& path,
   check_output_shape(module, path, shape);
   check_every_parameter_is_used(module, path, shape);  // Note [Unused parameters]
   module.train();
-  return std::make_unique<ScriptedModel>(std::move(module), "TorchScript content " + info.content_identity);
+  return std::make_unique<ScriptedModel>(std::move(module),
+                                         kTorchScriptIdentityPrefix + info.content_identity);
 }
 
 }  // namespace hpc_train

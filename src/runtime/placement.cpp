@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "hpc_train/error.h"
+#include "hpc_train/runtime/runtime.h"
 
 namespace hpc_train {
 
@@ -126,6 +127,24 @@ bool started_alone() {
 }
 
 }  // namespace
+
+Placement agree_placement(const Runtime& runtime, const TrainConfig& config) {
+  RankDevices devices;
+  run_agreed_phase(runtime,
+                   [&] { devices = probe_devices(runtime.hostname(), runtime.local_rank()); });
+  Placement placement;
+  run_agreed_phase(runtime, [&] {
+    placement = resolve_placement(config, runtime.world(), devices);
+    check_mpi_thread_level(placement, runtime.thread_level());
+  });
+  return placement;
+}
+
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return 0;
+}
 
 std::optional<int> launcher_local_rank() {
   for (const char* name : kLocalRankVariables)

@@ -8,6 +8,11 @@ RUN_DIR/report.png (the panels), RUN_DIR/report.html (the picture, embedded, wit
 figures and the configuration) and RUN_DIR/report.json (what each panel plotted: its points and
 last values, for scripts and tests). Works on a run still going (the files so far).
 
+hpc_train_report EVAL_DIR, for the --out directory of `hpc_train evaluate` (it holds
+evaluation.json and no metrics.jsonl), writes EVAL_DIR/confusion_matrix.png instead: the
+confusion matrix as a heat map, each row (a label) normalised to its class's samples, with the
+counts written in the cells where there are at most 30 classes.
+
 Exit codes as hpc_train's (include/hpc_train/error.h): 2 for a bad argument (no such run
 directory), 3 for bad data (metrics.jsonl missing, corrupt or without a train record; a corrupt
 summary.json), 1 where matplotlib is missing (Debian: python3-matplotlib).
@@ -287,6 +292,54 @@ def write_atomically(path, write):
         raise
 
 
+def read_evaluation(path):
+    try:
+        with open(path) as f:
+            evaluation = json.load(f)
+        matrix = evaluation["confusion_matrix"]
+        classes = len(matrix)
+        if classes == 0 or any(len(row) != classes for row in matrix):
+            raise ValueError("confusion_matrix is not square")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ReportError(DATA_ERROR, f"{path}: not an evaluation of hpc_train evaluate ({e})")
+    return evaluation
+
+
+def plot_confusion(evaluation, png_path):
+    """The heat map of hpc_train evaluate's confusion matrix, rows normalised."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display
+    import matplotlib.pyplot as plt
+    matrix = evaluation["confusion_matrix"]
+    classes = len(matrix)
+    names = evaluation.get("class_names") or [str(c) for c in range(classes)]
+    shares = [[count / max(1, sum(row)) for count in row] for row in matrix]
+    inches = min(20, max(6, 0.5 * classes + 3))
+    fig, ax = plt.subplots(figsize=(inches, inches))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the label's samples")
+    if classes <= 30:
+        ax.set_xticks(range(classes))
+        ax.set_yticks(range(classes))
+        ax.set_xticklabels(names, rotation=90)
+        ax.set_yticklabels(names)
+        for label, row in enumerate(matrix):
+            for predicted, count in enumerate(row):
+                ax.text(predicted, label, str(count), ha="center", va="center", fontsize=8,
+                        color="white" if shares[label][predicted] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("label")
+    top5 = evaluation.get("top5_accuracy")
+    ax.set_title(f"{evaluation.get('model', '?')} on the {evaluation.get('split', '?')} split of "
+                 f"{os.path.basename(str(evaluation.get('dataset', '?')))}: "
+                 f"{100 * evaluation['accuracy']:.2f}% top-1"
+                 + (f", {100 * top5:.2f}% top-5" if top5 is not None else "")
+                 + f" ({evaluation['samples']} samples)")
+    fig.tight_layout()
+    write_atomically(png_path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+    plt.close(fig)
+
+
 def write_html(run_dir, png_path, summary, title, resumes):
     with open(png_path, "rb") as f:
         png_base64 = base64.b64encode(f.read()).decode("ascii")
@@ -332,23 +385,37 @@ def python_with_matplotlib(argv):
     return False
 
 
+def require_matplotlib(argv):
+    if not python_with_matplotlib(argv):
+        raise ReportError(1, f"{sys.executable} has no matplotlib "
+                             "(Debian: apt-get install python3-matplotlib)")
+
+
 def main(argv):
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print("usage: hpc_train_report RUN_DIR\n"
               "Writes RUN_DIR/report.png, report.html and report.json from the run's\n"
-              "metrics.jsonl, summary.json and config.ini.", file=sys.stderr)
+              "metrics.jsonl, summary.json and config.ini; for the --out directory of\n"
+              "hpc_train evaluate, confusion_matrix.png from its evaluation.json.",
+              file=sys.stderr)
         return 0 if len(argv) == 2 else CONFIG_ERROR
     run_dir = argv[1]
     try:
         if not os.path.isdir(run_dir):
             raise ReportError(CONFIG_ERROR, f"RUN_DIR {run_dir}: no such directory")
+        evaluation_path = os.path.join(run_dir, "evaluation.json")
+        if (os.path.exists(evaluation_path)
+                and not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))):
+            evaluation = read_evaluation(evaluation_path)
+            require_matplotlib(argv)
+            png_path = os.path.join(run_dir, "confusion_matrix.png")
+            plot_confusion(evaluation, png_path)
+            print(f"hpc_train_report: wrote {png_path}")
+            return 0
         metrics_path = os.path.join(run_dir, "metrics.jsonl")
         series = extract(metrics_path, read_metrics(metrics_path))
         summary = read_summary(run_dir)
-        if not python_with_matplotlib(argv):
-            print(f"hpc_train_report: {sys.executable} has no matplotlib "
-                  "(Debian: apt-get install python3-matplotlib)", file=sys.stderr)
-            return 1
+        require_matplotlib(argv)
         title = f"hpc_train run {os.path.basename(os.path.abspath(run_dir))}"
         if summary is not None:
             title += (f": {summary.get('model', '?')} on {summary.get('world_size', '?')} "

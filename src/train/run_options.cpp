@@ -170,7 +170,7 @@ bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info
 
 // Note [Evaluation batch]
 int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size,
-                         bool cuda) {
+                         bool cuda, Split split) {
   int64_t batch = config.eval_batch;
   if (batch == 0 && !cuda) {
     batch = kMinAutoEvalBatch;
@@ -179,7 +179,7 @@ int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int
     batch = std::clamp(kAutoEvalInputBytes / std::max<int64_t>(1, float_input_bytes),
                        kMinAutoEvalBatch, kMaxAutoEvalBatch);
   }
-  return std::min(batch, largest_evaluation_share(info.test_size, world_size));
+  return std::min(batch, largest_evaluation_share(info.size(split), world_size));
 }
 
 }  // namespace hpc_train

@@ -109,26 +109,48 @@ void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state,
     c.cuda_rng_state.clear();
 }
 
-FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string& path,
-                                         const DatasetInfo& input, TrainableModel& model,
-                                         int64_t flat_numel, const torch::Device& device) {
+namespace {
+
+// Throws DataError naming `path` when `c` holds another model or input than `model` for `input`
+// (check_checkpoint_fits), else copies the checkpoint's buffers, and its parameters too when
+// `with_parameters`, into `model`.
+void check_fits_and_copy(const Checkpoint& c, const std::string& path, const DatasetInfo& input,
+                         TrainableModel& model, int64_t flat_numel, bool with_parameters) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const auto& item : model.named_parameters())
+  std::map<std::string, torch::Tensor> targets;
+  for (const auto& item : model.named_parameters()) {
     expected.emplace_back(item.name, item.tensor.sizes().vec());
-  std::map<std::string, torch::Tensor> buffers;
+    if (with_parameters) targets[item.name] = item.tensor;
+  }
   for (const auto& item : model.named_buffers()) {
     expected.emplace_back(item.name, item.tensor.sizes().vec());
-    buffers[item.name] = item.tensor;
+    targets[item.name] = item.tensor;
   }
   check_checkpoint_fits(c, path, model.identity(), input.channels, input.height, input.width,
                         input.num_classes, expected, flat_numel);
   torch::NoGradGuard no_grad;
   for (const CheckpointTensor& tensor : c.model_state) {
-    const auto buffer = buffers.find(tensor.name);
-    if (buffer == buffers.end()) continue;
-    buffer->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
+    const auto target = targets.find(tensor.name);
+    if (target == targets.end()) continue;
+    target->second.copy_(torch::from_blob(const_cast<uint8_t*>(tensor.data.data()), tensor.shape,
                                           tensor.dtype == "I64" ? torch::kLong : torch::kFloat));
   }
+}
+
+}  // namespace
+
+void restore_model_state(const Checkpoint& c, const std::string& path, const DatasetInfo& input,
+                         TrainableModel& model) {
+  int64_t parameters = 0;  // the optimizer state's logical length: no padding
+  for (const auto& item : model.named_parameters()) parameters += item.tensor.numel();
+  check_fits_and_copy(c, path, input, model, parameters, /*with_parameters=*/true);
+}
+
+FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string& path,
+                                         const DatasetInfo& input, TrainableModel& model,
+                                         int64_t flat_numel, const torch::Device& device) {
+  // The parameters follow the master weights (ZeroOptimizer::load_full_state).
+  check_fits_and_copy(c, path, input, model, flat_numel, /*with_parameters=*/false);
   // Note [Random state in checkpoints]: an empty state (none saved) leaves the generator as the
   // run's seed set it.
   if (!c.rng_state.empty())

@@ -44,6 +44,10 @@ struct TorchScriptFileInfo {
   std::string content_identity;
 };
 
+// What a TorchScript model's identity (TrainableModel::identity, which checkpoints record) starts
+// with, before its content_identity: a file, unlike a registry name, cannot be found from it.
+inline constexpr const char* kTorchScriptIdentityPrefix = "TorchScript content ";
+
 // Reads `path` as a PyTorch zip archive. Throws DataError naming the file when it is not a zip
 // archive, when its first entry is not in a folder (PyTorch's reader takes that folder as the
 // archive's; entries outside it are ignored, here too), when the archive has no version record,

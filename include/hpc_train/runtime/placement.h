@@ -107,6 +107,13 @@ Placement resolve_placement(const TrainConfig& config, MPI_Comm comm, const Rank
 // `granted` (MPI_Query_thread's answer) is below what `placement` needs.
 void check_mpi_thread_level(const Placement& placement, int granted);
 
+class Runtime;  // runtime.h
+
+// This rank's placement for `config`, probed and resolved in two agreed phases (runtime.h: a
+// rank whose probe fails must not leave the others waiting in resolve_placement's collective),
+// with MPI's thread level checked against it (Note [MPI thread level]). Collective.
+Placement agree_placement(const Runtime& runtime, const TrainConfig& config);
+
 // Note [Early CUDA start]
 // A GPU rank's CUDA context and LibTorch's first use of cuBLAS and cuDNN (most of the model phase)
 // wait for nothing that MPI decides, yet they came after MPI_Init, the configuration, the placement
@@ -127,6 +134,10 @@ void check_mpi_thread_level(const Placement& placement, int granted);
 // reports that), asks for the CPU, or where the launcher does not say the rank's place on its node.
 // Where the placement then differs (the CPU after all, or another GPU), the context stays unused on
 // that GPU and the rank warns; LibTorch's handles on it are freed at exit.
+
+// This process's rank as the launcher says it (mpirun, srun, a PMI/PMIx launcher), before MPI
+// exists; 0 when started alone.
+int launcher_rank();
 
 // This process's place among its node's ranks as its launcher says it (Open MPI's mpirun,
 // MPICH's Hydra, Cray PALS, Slurm's srun), before MPI exists; 0 for a process started without a

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "hpc_train/config/config.h"
+#include "hpc_train/data/dataset_file.h"
 #include "hpc_train/optim/loss_scaler.h"
 #include "hpc_train/optim/lr_schedule.h"
 #include "hpc_train/comm/reducer.h"
@@ -98,12 +99,13 @@ bool keep_test_split_resident(const TrainConfig& config, const DatasetInfo& info
 // batch costs no launches and large ones fall out of the caches (the origin's evaluation ran
 // slower in batches of 4096 than in batches of 256; this and the GPU's figure:
 // bench/results-notes.md, Note [Evaluation batch]), auto stays at 256. A batch never exceeds a
-// rank's share of the test split, so small test splits stage no unused buffers. The results do not
-// depend on the size beyond the sums' order.
+// rank's share of the split evaluated (`split`: training's is the test split; hpc_train evaluate
+// may take the train split), so small splits stage no unused buffers. The results do not depend
+// on the size beyond the sums' order.
 inline constexpr int64_t kAutoEvalInputBytes = int64_t{16} << 20;
 inline constexpr int64_t kMinAutoEvalBatch = 256;  // and the CPU's
 inline constexpr int64_t kMaxAutoEvalBatch = 4096;
 int64_t evaluation_batch(const TrainConfig& config, const DatasetInfo& info, int world_size,
-                         bool cuda);
+                         bool cuda, Split split = Split::kTest);
 
 }  // namespace hpc_train

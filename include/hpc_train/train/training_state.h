@@ -79,6 +79,12 @@ FullOptimizerState restore_model_and_rng(const Checkpoint& checkpoint, const std
                                          const DatasetInfo& input, TrainableModel& model,
                                          int64_t flat_numel, const torch::Device& device);
 
+// For an evaluation of `checkpoint` (read from `path`; hpc_train evaluate): throws DataError
+// naming the file when it holds another model or input (check_checkpoint_fits), else copies its
+// parameters and buffers, the model_state as saved, into `model`.
+void restore_model_state(const Checkpoint& checkpoint, const std::string& path,
+                         const DatasetInfo& input, TrainableModel& model);
+
 // "fp16, dynamic, scale 1024", "fp16, fixed scale 128", "bf16, no scaling".
 std::string describe_loss_scaling(const std::string& precision, bool scaled, bool dynamic,
                                   double scale);

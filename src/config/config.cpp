@@ -420,6 +420,7 @@ std::string help_text(const po::options_description& options) {
   std::ostringstream text;
   text << "Usage: hpc_train [options]\n"
           "       mpirun -np N hpc_train [options]\n"
+          "       mpirun -np N hpc_train evaluate WEIGHTS [options]   (hpc_train evaluate --help)\n"
           "\n"
           "Every option may also be given in an INI file passed with --config FILE, as\n"
           "'name = value' (the name with _ for -) under its [section]. The command line\n"

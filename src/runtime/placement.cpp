@@ -135,7 +135,7 @@ Placement agree_placement(const Runtime& runtime, const TrainConfig& config) {
   Placement placement;
   run_agreed_phase(runtime, [&] {
     placement = resolve_placement(config, runtime.world(), devices);
-    check_mpi_thread_level(placement, runtime.thread_level());
+    check_mpi_thread_level(placement, runtime.thread_level());  // Note [MPI thread level]
   });
   return placement;
 }

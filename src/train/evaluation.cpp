@@ -34,9 +34,10 @@ void EvalSums::add(const torch::Tensor& logits, const torch::Tensor& labels, int
   loss_total_.add_(torch::nn::functional::cross_entropy(
       counted, counted_labels,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)));
-  // Row label, column prediction: one bincount over label * classes + prediction.
-  confusion_.add_(torch::bincount(counted_labels * num_classes_ + counted.argmax(1), {},
-                                  num_classes_ * num_classes_));
+  // Row label, column prediction: a count added at label * classes + prediction. (Not
+  // bincount: on a GPU it reads the largest index back to size its output, a wait per batch.)
+  const torch::Tensor cells = counted_labels * num_classes_ + counted.argmax(1);
+  confusion_.index_add_(0, cells, torch::ones_like(cells));
   if (correct_top5_.defined())
     correct_top5_.add_(std::get<1>(counted.topk(kTopKClasses, 1))
                            .eq(counted_labels.unsqueeze(1))

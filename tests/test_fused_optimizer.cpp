@@ -797,7 +797,8 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
 }
 
 // SGD (plain, with dampened momentum, Nesterov with weight decay), a one-cycle schedule that
-// cycles SGD's momentum and Adam's beta1, and weight decay kept off the 1-D parameters: the fused kernels against the same ZeroOptimizer on the
+// cycles SGD's momentum and Adam's beta1, weight decay kept off the 1-D parameters, and the
+// weights' EMA: the fused kernels against the same ZeroOptimizer on the
 // CPU, whose ATen updates equal torch.optim's (test_optimizer.cpp), at every stage, fp32 and bf16.
 TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
   std::mt19937_64 gen = generator_for(17);
@@ -815,6 +816,7 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
       {"adamw one-cycle", OptimizerKind::kAdamW, 0.0, 0.0, 0.01, false, true, false},
       {"sgd no decay below 2-D", OptimizerKind::kSgd, 0.9, 0.0, 0.05, false, false, true},
       {"adamw no decay below 2-D", OptimizerKind::kAdamW, 0.0, 0.0, 0.05, false, false, true}};
+  const double ema_decay = 0.9;  // every case keeps an EMA
   for (const Case& c : cases) {
     for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
       for (int stage = 0; stage <= 2; ++stage) {
@@ -829,6 +831,7 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
         options.optimizer.nesterov = c.nesterov;
         options.optimizer.weight_decay = c.weight_decay;
         options.no_decay_below_2d = c.no_decay_below_2d;
+        options.ema_decay = ema_decay;
         if (c.one_cycle) {
           LrScheduleParams schedule;
           schedule.kind = LrScheduleKind::kOneCycle;
@@ -861,6 +864,8 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
         const FullOptimizerState h = cpu.optimizer->gather_full_state();
         EXPECT_TRUE(torch::allclose(g.exp_avg.cpu(), h.exp_avg, 1e-5, 1e-7));
         EXPECT_TRUE(torch::allclose(g.master.cpu(), h.master, 1e-5, 1e-7));
+        EXPECT_TRUE(torch::allclose(g.ema.cpu(), h.ema, 1e-5, 1e-7));
+        EXPECT_FALSE(torch::equal(h.ema, h.master));  // it averages, it does not copy
       }
     }
   }

@@ -9,8 +9,12 @@
 #      m / sqrt(v) turns the ranks' rounding of near-zero gradients into ~1e-5 differences);
 #   3. --no-decay-bias-bn: torch parameter groups, the biases' without weight decay (SGD),
 #      the same 1e-5; and the run with decay everywhere is not within it (the option acts);
-#   4. SGD's momentum buffer and a one-cycle schedule that cycles it survive a checkpoint: 6 steps
-#      + resume + 6 ends bitwise equal to 12 steps, at 3 ranks under ZeRO-2.
+#   4. --ema-decay against torch.optim.swa_utils.AveragedModel with an EMA avg_fn: the exported
+#      EMA (weights.ema.safetensors) within 1e-5 of PyTorch's after 20 steps, at 1 and 3 ranks,
+#      and not the weights themselves; summary.json reports the EMA's test loss;
+#   5. SGD's momentum buffer, a one-cycle schedule that cycles it and the EMA survive a
+#      checkpoint: 6 steps + resume + 6 ends bitwise equal to 12 steps (the weights and their
+#      EMA), at 3 ranks under ZeRO-2.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 support=$HPC_TRAIN_SOURCE_DIR/tests/support
@@ -62,7 +66,8 @@ against_pytorch() {
   for np in 1 3; do
     micro_batch=$((30 / np))
     train "$np" "$name-$np" --epochs 100 --max-steps 20 --log-every 1 --checkpoint-epochs off \
-      --micro-batch "$micro_batch" --zero-stage $((np == 1 ? 0 : 2)) "${ours[@]}"
+      --micro-batch "$micro_batch" --zero-stage $((np == 1 ? 0 : 2)) "${ours[@]}" \
+      --export-weights "$name-$np.safetensors"
     losses "$name-$np" > "$name-$np.txt"
     same_trajectory "$name, $np rank(s) vs PyTorch" "$name-$np.txt" "$name-torch.txt" 1e-5 ||
       { echo "FAIL: $name at $np rank(s) beyond 1e-5"; failures=$((failures + 1)); }
@@ -91,10 +96,27 @@ if same_trajectory "decay everywhere against none on the biases (must differ)" \
   failures=$((failures + 1))
 fi
 
-echo "== 4. SGD's momentum buffer and a cycled momentum resume bitwise"
+echo "== 4. --ema-decay against AveragedModel with an EMA avg_fn"
+against_pytorch ema "--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --ema-decay 0.9" \
+  "--lr 0.05 --momentum 0.9 --weight-decay 5e-4 --ema-decay 0.9 --ema-out ema-torch.safetensors"
+for np in 1 3; do
+  "$python" "$support/check_safetensors.py" "ema-$np.ema.safetensors" \
+    --compare ema-torch.safetensors --rtol 1e-5 --quiet ||
+    { echo "FAIL: the EMA at $np rank(s) differs from AveragedModel's"; failures=$((failures + 1)); }
+  if "$python" "$support/check_safetensors.py" "ema-$np.ema.safetensors" \
+      --compare "ema-$np.safetensors" --rtol 1e-3 --quiet > /dev/null 2>&1; then
+    echo "FAIL: the EMA at $np rank(s) is the weights themselves"; failures=$((failures + 1))
+  fi
+  "$python" -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+print("%s rank(s): test loss %.4f, EMA %.4f" % (sys.argv[2], s["test_loss"], s["test_ema_loss"]))' \
+    "ema-$np/summary.json" "$np" || { echo "FAIL: no EMA in summary.json"; failures=$((failures + 1)); }
+done
+
+echo "== 5. SGD's momentum buffer, a cycled momentum and the EMA resume bitwise"
 cycle=(--optimizer sgd --lr 0.05 --lr-schedule one-cycle --cycle-first-steps 4
        --cycle-second-steps 6 --cycle-decay-steps 2 --cycle-decay-lr-rate 0.5 --zero-stage 2
-       --micro-batch 10 --epochs 100 --log-every 1 --checkpoint-epochs off)
+       --micro-batch 10 --epochs 100 --log-every 1 --checkpoint-epochs off --ema-decay 0.8)
 train 3 straight "${cycle[@]}" --max-steps 12 --export-weights straight.safetensors
 train 3 first-half "${cycle[@]}" --max-steps 6 --checkpoint-every 6
 checkpoint=$(ls first-half/checkpoints/*6*.h5 2> /dev/null | head -1)
@@ -103,6 +125,9 @@ train 3 second-half "${cycle[@]}" --max-steps 12 --resume "$checkpoint" \
   --export-weights resumed.safetensors
 "$python" "$support/check_safetensors.py" resumed.safetensors --compare straight.safetensors \
   --quiet || { echo "FAIL: the resumed run differs from the straight one"; failures=$((failures + 1)); }
+"$python" "$support/check_safetensors.py" resumed.ema.safetensors \
+  --compare straight.ema.safetensors --quiet ||
+  { echo "FAIL: the resumed run's EMA differs from the straight one's"; failures=$((failures + 1)); }
 tail -n 6 < <(losses straight) > straight-last.txt
 losses second-half | tail -n 6 > resumed-last.txt
 cmp -s straight-last.txt resumed-last.txt ||

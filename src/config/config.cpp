@@ -125,6 +125,9 @@ const OptionSpec kOptions[] = {
     {"no-decay-bias-bn", "training", &TrainConfig::no_decay_bias_bn,
      "no weight decay on biases and normalisation weights (every parameter of fewer than 2 "
      "dimensions), as torchvision's --norm-weight-decay 0 --bias-weight-decay 0"},
+    {"ema-decay", "training", &TrainConfig::ema_decay,
+     "keep an exponential moving average of the weights with this decay (e.g. 0.999), "
+     "evaluated and exported beside them; 0 = none"},
     {"label-smoothing", "training", &TrainConfig::label_smoothing,
      "the training loss's label smoothing in [0, 1) (torch.nn.CrossEntropyLoss's); 0 = none"},
     {"momentum", "training", &TrainConfig::momentum, "SGD's momentum; 0 = plain SGD"},
@@ -820,6 +823,8 @@ void validate(const TrainConfig& c) {
           "the cosine would end before the warm-up (--warmup-steps " +
               std::to_string(c.warmup_steps) + ") does; give at least " +
               std::to_string(c.warmup_steps) + ", or 0 for the whole run");
+  require(c.ema_decay >= 0 && c.ema_decay < 1, "ema-decay", c.ema_decay,
+          "must be in [0, 1), e.g. 0.999 (0 = no EMA)");
   require(c.label_smoothing >= 0 && c.label_smoothing < 1, "label-smoothing", c.label_smoothing,
           "must be in [0, 1), e.g. 0.1 (0 = none)");
   validate_sgd(c);

@@ -121,6 +121,9 @@ std::string find_inconsistency(const Checkpoint& checkpoint) {
            std::to_string(checkpoint.master.size()) + ", exp_avg " +
            std::to_string(checkpoint.exp_avg.size()) + ", exp_avg_sq " +
            std::to_string(checkpoint.exp_avg_sq.size());
+  if (!checkpoint.ema.empty() && checkpoint.ema.size() != checkpoint.master.size())
+    return "/optimizer/ema holds " + std::to_string(checkpoint.ema.size()) +
+           " values, master " + std::to_string(checkpoint.master.size());
   return "";
 }
 
@@ -155,11 +158,12 @@ constexpr uint64_t kCheckpointMetadataBytesPerDataset = 4 * 1024;
 // small datasets (the configuration, the random state: a few KiB) count as metadata.
 uint64_t checkpoint_file_bytes(const Checkpoint& c) {
   uint64_t bytes = kCheckpointMetadataBytes + c.config_ini.size() +
-                   sizeof(float) * (c.master.size() + c.exp_avg.size() + c.exp_avg_sq.size()) +
+                   sizeof(float) * (c.master.size() + c.exp_avg.size() + c.exp_avg_sq.size() +
+                                    c.ema.size()) +
                    c.rng_state.size() + c.cuda_rng_state.size();
   for (const CheckpointTensor& tensor : c.model_state) bytes += tensor.data.size();
   // The model's datasets, the optimizer's three, and the training state's few, with room.
-  const uint64_t datasets = c.model_state.size() + 3 + 8;
+  const uint64_t datasets = c.model_state.size() + 4 + 8;
   return bytes + datasets * kCheckpointMetadataBytesPerDataset;
 }
 
@@ -365,6 +369,8 @@ void write_file(const std::string& temporary, const Checkpoint& checkpoint, MPI_
       writer.shared_floats(optimizer.get(), "master", c.master, crc32_of(c.master));
       writer.shared_floats(optimizer.get(), "exp_avg", c.exp_avg, crc32_of(c.exp_avg));
       writer.shared_floats(optimizer.get(), "exp_avg_sq", c.exp_avg_sq, crc32_of(c.exp_avg_sq));
+      // The same on every rank (the state is whole everywhere): all make the same HDF5 calls.
+      if (!c.ema.empty()) writer.shared_floats(optimizer.get(), "ema", c.ema, crc32_of(c.ema));
 
       const h5::Group training = writer.group(root.get(), "training");
       h5::write_integer_attribute(training.get(), "global_step", c.position.global_step);
@@ -614,6 +620,8 @@ Checkpoint read_contents(hid_t file, uint64_t file_bytes) {
     c.master = reader.floats(optimizer.get(), "/optimizer", "master");
     c.exp_avg = reader.floats(optimizer.get(), "/optimizer", "exp_avg");
     c.exp_avg_sq = reader.floats(optimizer.get(), "/optimizer", "exp_avg_sq");
+    if (H5_CHECK(H5Lexists(optimizer.get(), "ema", H5P_DEFAULT)) > 0)
+      c.ema = reader.floats(optimizer.get(), "/optimizer", "ema");
   }
   {
     const h5::Group training = reader.group(file, "/training");

@@ -116,6 +116,7 @@ nlohmann::json TrainSummary::to_json() const {
           {"step_breakdown", breakdown.to_json()}};
   summary.update(storage_reads.to_json());
   summary.update(test.to_json("test_"));
+  if (test_ema) summary.update(test_ema->to_json("test_ema_"));
   return summary;
 }
 
@@ -397,6 +398,7 @@ void RunReporter::epoch(const EpochReport& r) {
                   {"loss_scale", r.loss_scale}};
   record.update(r.storage_reads.to_json());
   record.update(r.test.to_json("test_"));
+  if (r.test_ema) record.update(r.test_ema->to_json("test_ema_"));
   metrics_.write(record);
   monitor(epoch_events(r));
   say("Epoch [%d/%d] %s in %.1f s: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
@@ -404,6 +406,11 @@ void RunReporter::epoch(const EpochReport& r) {
       r.at.epoch + 1, r.at.epochs, r.complete ? "done" : "stopped (max steps)", r.wall_s,
       r.train_loss, r.test.loss, 100.0 * r.test.accuracy, static_cast<long long>(r.test.correct),
       static_cast<long long>(r.test.samples), r.test.describe_top5_and_classes().c_str());
+  if (r.test_ema)
+    say("  EMA of the weights: test loss %.4f, test accuracy %.2f%% (%lld/%lld)%s\n",
+        r.test_ema->loss, 100.0 * r.test_ema->accuracy,
+        static_cast<long long>(r.test_ema->correct), static_cast<long long>(r.test_ema->samples),
+        r.test_ema->describe_top5_and_classes().c_str());
 }
 
 void RunReporter::resumed(const ResumeReport& r) {

@@ -194,6 +194,9 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
       state.buffer_keep = first ? 0.0f : static_cast<float>(momentum);
       state.gradient_share = first ? 1.0f : static_cast<float>(1.0 - options.dampening);
     }
+    const bool first_ema = state.adam_steps == 1;
+    state.ema_keep = first_ema ? 0.0f : static_cast<float>(options.ema_decay);
+    state.ema_share = first_ema ? 1.0f : static_cast<float>(1.0 - options.ema_decay);
   }
   if (!from_host) update_loss_scale(state, overflow, options);
   ++state.global_step;
@@ -227,6 +230,8 @@ struct StepScalars {
   float one_minus_momentum;
   float buffer_keep;
   float gradient_share;
+  float ema_keep;
+  float ema_share;
 };
 
 // One element of ZeroOptimizer::step + adam_update, operation for operation:
@@ -278,6 +283,7 @@ struct UpdateArguments {
   float* master;  // nullptr: T is float and the parameters are the master weights
   float* buffers[2];  // the rule's state, Rule::kBuffers of them
   const bool* decay_mask;  // laid out as the state: where weight decay applies; nullptr: everywhere
+  float* ema;              // laid out as the state: the weights' EMA; nullptr: none
   const FusedSegment* segments;
   int num_segments;
   const FusedStepState* state;
@@ -288,8 +294,10 @@ template <typename G, typename T, typename Rule>
 __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> a, Rule rule) {
   if (a.state->found_inf) return;  // the same for every thread: the whole step is skipped
   const FusedStepState& st = *a.state;
-  const StepScalars s{st.grad_multiplier, st.decay_factor,  st.step_size,   st.sqrt_bias_correction2,
-                      st.momentum,        st.one_minus_momentum, st.buffer_keep, st.gradient_share};
+  const StepScalars s{st.grad_multiplier, st.decay_factor,       st.step_size,
+                      st.sqrt_bias_correction2, st.momentum,  st.one_minus_momentum,
+                      st.buffer_keep,     st.gradient_share,   st.ema_keep,
+                      st.ema_share};
   constexpr int kBuffers = Rule::kBuffers;
   const bool separate_master = a.master != nullptr;
   const int64_t thread = first_thread();
@@ -306,6 +314,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
     float* b0 = kBuffers > 0 ? a.buffers[0] + segment.master_offset : nullptr;
     float* b1 = kBuffers > 1 ? a.buffers[1] + segment.master_offset : nullptr;
     const bool* mask = a.decay_mask ? a.decay_mask + segment.master_offset : nullptr;
+    float* ema = a.ema ? a.ema + segment.master_offset : nullptr;
 
     auto update_one = [&](int64_t i) {
       float weight = w[i];
@@ -314,6 +323,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
       if constexpr (kBuffers > 1) second = b1[i];
       rule(to_float(g[i]), weight, first, second, s, mask == nullptr || mask[i]);
       w[i] = weight;
+      if (ema) ema[i] = ema[i] * s.ema_keep + s.ema_share * weight;
       if constexpr (kBuffers > 0) b0[i] = first;
       if constexpr (kBuffers > 1) b1[i] = second;
       if (separate_master) p[i] = from_float<T>(weight);
@@ -324,6 +334,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
     if constexpr (kBuffers > 0) vectorised = vectorised && misalignment(b0) == misaligned_by;
     if constexpr (kBuffers > 1) vectorised = vectorised && misalignment(b1) == misaligned_by;
     if (mask) vectorised = vectorised && misalignment(mask) == misaligned_by;
+    if (ema) vectorised = vectorised && misalignment(ema) == misaligned_by;
     // Not vectorised: the whole segment is "head", element by element.
     const int64_t head = vectorised ? head_elements(segment.numel, misaligned_by) : segment.numel;
     for (int64_t i = thread; i < head; i += threads) update_one(i);
@@ -343,6 +354,13 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
         rule(to_float(gv.element[k]), wv.element[k], first.element[k], second.element[k], s,
              mask == nullptr || decays.element[k]);
       *reinterpret_cast<Vector<float>*>(w + i) = wv;
+      if (ema) {
+        Vector<float> ev = *reinterpret_cast<const Vector<float>*>(ema + i);
+#pragma unroll
+        for (int k = 0; k < kVectorElements; ++k)
+          ev.element[k] = ev.element[k] * s.ema_keep + s.ema_share * wv.element[k];
+        *reinterpret_cast<Vector<float>*>(ema + i) = ev;
+      }
       if constexpr (kBuffers > 0) *reinterpret_cast<Vector<float>*>(b0 + i) = first;
       if constexpr (kBuffers > 1) *reinterpret_cast<Vector<float>*>(b1 + i) = second;
       if (separate_master) {
@@ -361,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
 template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                    float* master, float* buffer0, float* buffer1, const bool* decay_mask,
-                   const FusedSegment* segments, int num_segments, int grid_blocks,
+                   float* ema, const FusedSegment* segments, int num_segments, int grid_blocks,
                    const FusedStepState* state, const Rule& rule, cudaStream_t stream);
 
 void check_grid(int num_segments, int grid_blocks, const char* what) {
@@ -414,28 +432,28 @@ void launch_adam_update(const void* grads, void* params, KernelDtype dtype, floa
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream) {
-  launch_adam_update(grads, dtype, params, dtype, master, exp_avg, exp_avg_sq, nullptr, segments,
-                     num_segments, grid_blocks, state, options, stream);
+  launch_adam_update(grads, dtype, params, dtype, master, exp_avg, exp_avg_sq, nullptr, nullptr,
+                     segments, num_segments, grid_blocks, state, options, stream);
 }
 
 void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                         float* master, float* exp_avg, float* exp_avg_sq, const bool* decay_mask,
-                        const FusedSegment* segments, int num_segments, int grid_blocks,
-                        const FusedStepState* state, const FusedStepOptions& options,
-                        cudaStream_t stream) {
+                        float* ema, const FusedSegment* segments, int num_segments,
+                        int grid_blocks, const FusedStepState* state,
+                        const FusedStepOptions& options, cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the Adam update");
   const AdamRule rule{{static_cast<float>(options.beta2), static_cast<float>(1.0 - options.beta2),
                        static_cast<float>(options.eps), static_cast<float>(options.weight_decay),
                        options.decoupled_weight_decay, options.weight_decay != 0.0}};
-  launch_update(grads, grad_dtype, params, dtype, master, exp_avg, exp_avg_sq, decay_mask,
+  launch_update(grads, grad_dtype, params, dtype, master, exp_avg, exp_avg_sq, decay_mask, ema,
                 segments, num_segments, grid_blocks, state, rule, stream);
 }
 
 void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                        float* master, float* momentum_buffer, const bool* decay_mask,
-                       const FusedSegment* segments, int num_segments, int grid_blocks,
-                       const FusedStepState* state, const FusedStepOptions& options,
-                       cudaStream_t stream) {
+                       float* ema, const FusedSegment* segments, int num_segments,
+                       int grid_blocks, const FusedStepState* state,
+                       const FusedStepOptions& options, cudaStream_t stream) {
   check_grid(num_segments, grid_blocks, "the SGD update");
   if ((momentum_buffer != nullptr) != options.momentum_buffer)
     throw Error("fused optimizer: SGD's momentum buffer is given exactly when the options keep one");
@@ -443,10 +461,12 @@ void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, 
                                options.weight_decay != 0.0, options.nesterov};
   if (options.momentum_buffer)
     launch_update(grads, grad_dtype, params, dtype, master, momentum_buffer, nullptr, decay_mask,
-                  segments, num_segments, grid_blocks, state, SgdRule<true>{constants}, stream);
+                  ema, segments, num_segments, grid_blocks, state, SgdRule<true>{constants},
+                  stream);
   else
     launch_update(grads, grad_dtype, params, dtype, master, nullptr, nullptr, decay_mask,
-                  segments, num_segments, grid_blocks, state, SgdRule<false>{constants}, stream);
+                  ema, segments, num_segments, grid_blocks, state, SgdRule<false>{constants},
+                  stream);
 }
 
 namespace {
@@ -454,7 +474,7 @@ namespace {
 template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                    float* master, float* buffer0, float* buffer1, const bool* decay_mask,
-                   const FusedSegment* segments, int num_segments, int grid_blocks,
+                   float* ema, const FusedSegment* segments, int num_segments, int grid_blocks,
                    const FusedStepState* state, const Rule& rule, cudaStream_t stream) {
   if (grad_dtype != dtype && grad_dtype != KernelDtype::kFloat32)
     throw Error("fused optimizer: gradients must be of the parameters' dtype or fp32");
@@ -465,8 +485,8 @@ void launch_update(const void* grads, KernelDtype grad_dtype, void* params, Kern
     using G = decltype(grad_element);
     using T = decltype(element);
     const UpdateArguments<G, T> arguments{static_cast<const G*>(grads), static_cast<T*>(params),
-                                          master, {buffer0, buffer1}, decay_mask, segments,
-                                          num_segments, state};
+                                          master, {buffer0, buffer1}, decay_mask, ema,
+                                          segments, num_segments, state};
     update_kernel<G, T, Rule><<<grid_blocks, kThreads, 0, stream>>>(arguments, rule);
   };
   with_element_type(dtype, [&](auto element) {

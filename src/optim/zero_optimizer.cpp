@@ -30,6 +30,9 @@ ZeroOptimizer::ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicato
     : flat_(flat), reducer_(reducer), comm_(comm), options_(options) {
   if (options_.stage < 0 || options_.stage > 2)
     throw ConfigError("--zero-stage " + std::to_string(options_.stage) + ": use 0, 1 or 2");
+  if (!(options_.ema_decay >= 0 && options_.ema_decay < 1))
+    throw ConfigError("--ema-decay " + std::to_string(options_.ema_decay) +
+                      ": must be in [0, 1) (0 = no EMA), e.g. 0.999");
   if (options_.loss_scaling && !options_.check_overflow)
     throw ConfigError("ZeroOptions: fp16 loss scaling needs check_overflow, so that an "
                       "overflowed step is skipped");
@@ -39,6 +42,7 @@ ZeroOptimizer::ZeroOptimizer(FlatParameters& flat, Reducer& reducer, Communicato
   initial.master = flat_.to_logical(flat_.values()).to(at::kFloat);
   initial.exp_avg = at::zeros_like(initial.master);
   initial.exp_avg_sq = at::zeros_like(initial.master);
+  if (options_.ema_decay > 0) initial.ema = initial.master.clone();
   load_full_state(initial);
   reducer_.observe_layout(this);  // the reducer's re-layouts carry the state over
 }
@@ -222,9 +226,17 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   const auto slice_of = [](const at::Tensor& t, const Partition::Slice& slice) {
     return t.defined() ? partition_slice(t, slice) : at::Tensor();
   };
+  // Note [Weight EMA]: AveragedModel's avg_fn, d x ema + (1 - d) x weights, products rounded
+  // apart as there; the first step copies.
+  const auto move_ema = [&](at::Tensor ema, const at::Tensor& weights) {
+    if (!ema.defined()) return;
+    if (steps_ == 1) ema.copy_(weights);
+    else ema.mul_(options_.ema_decay).add_(weights * (1.0 - options_.ema_decay));
+  };
   if (!partitioned()) {
     at::Tensor target = master_.defined() ? master_ : flat_.values();
     update(target, grads, exp_avg_, exp_avg_sq_, decay_mask_);
+    move_ema(ema_, target);
     if (master_.defined()) flat_.values().copy_(master_);
     return outcome;
   }
@@ -233,6 +245,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
         master_.defined() ? partition_slice(master_, slice) : own_slice(flat_.values(), slice);
     update(target, partition_slice(grads, slice), slice_of(exp_avg_, slice),
            slice_of(exp_avg_sq_, slice), slice_of(decay_mask_, slice));
+    move_ema(slice_of(ema_, slice), target);
     if (master_.defined()) own_slice(flat_.values(), slice).copy_(target);
   }
   outcome.gather_ms = all_gather_parameters();
@@ -240,7 +253,13 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
 }
 
 int64_t ZeroOptimizer::state_bytes() const {
-  return bytes_of(master_) + bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(decay_mask_);
+  return bytes_of(master_) + bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(decay_mask_) +
+         bytes_of(ema_);
+}
+
+at::Tensor ZeroOptimizer::ema_flat() {
+  if (!ema_.defined()) return at::Tensor();
+  return partitioned() ? assemble_full(ema_) : ema_.clone();
 }
 
 at::Tensor ZeroOptimizer::assemble_full(const at::Tensor& partition) {
@@ -266,6 +285,7 @@ FullOptimizerState ZeroOptimizer::gather_full_state() {
   };
   state.exp_avg = logical_or_zeros(exp_avg_);
   state.exp_avg_sq = logical_or_zeros(exp_avg_sq_);
+  if (ema_.defined()) state.ema = logical(ema_);
   return state;
 }
 
@@ -280,6 +300,10 @@ void ZeroOptimizer::load_full_state(const FullOptimizerState& state) {
   const int buffers = kept_state_buffers();
   exp_avg_ = buffers >= 1 ? local(state.exp_avg) : at::Tensor();
   exp_avg_sq_ = buffers >= 2 ? local(state.exp_avg_sq) : at::Tensor();
+  // Note [Weight EMA]: a state without one (a checkpoint of a run without --ema-decay) starts
+  // it at the weights.
+  if (options_.ema_decay > 0)
+    ema_ = local(state.ema.defined() ? state.ema : state.master);
   decay_mask_ = options_.no_decay_below_2d ? local(decay_mask_logical()).to(at::kBool) : at::Tensor();
   master_ = separate_master() ? local(state.master) : at::Tensor();
   // The parameters follow the master weights (a no-op right after construction or re-layout).

@@ -35,6 +35,7 @@ FusedStepOptions fused_step_options(const ZeroOptions& zero, bool momentum_buffe
   options.momentum = rule.momentum;
   options.dampening = rule.dampening;
   options.nesterov = rule.nesterov;
+  options.ema_decay = zero.ema_decay;
   options.momentum_buffer = !rule.adam() && momentum_buffer;
   options.beta2 = rule.beta2;
   options.eps = rule.eps;
@@ -158,13 +159,14 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
                           stream);
   float* master = master_.defined() ? master_.data_ptr<float>() : nullptr;
   const bool* decay_mask = decay_mask_.defined() ? decay_mask_.data_ptr<bool>() : nullptr;
+  float* ema = ema_.defined() ? ema_.data_ptr<float>() : nullptr;
   if (options_.optimizer.adam()) {
     launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
-                       exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), decay_mask,
+                       exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), decay_mask, ema,
                        segments, num_segments, device_grid_blocks_, state, options, stream);
   } else {
     launch_sgd_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
-                      exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, decay_mask,
+                      exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, decay_mask, ema,
                       segments, num_segments, device_grid_blocks_, state, options, stream);
   }
 }

@@ -69,6 +69,7 @@ ZeroOptions zero_options(const TrainConfig& config) {
   zero.stage = config.zero_stage;
   zero.optimizer = optimizer_options(config);
   zero.no_decay_below_2d = config.no_decay_bias_bn;
+  zero.ema_decay = config.ema_decay;
   zero.momentum_from_schedule =
       config.lr_schedule == LrScheduleKind::kOneCycle && config.cycle_momentum;
   zero.clip_grad = config.clip_grad;

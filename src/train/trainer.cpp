@@ -11,6 +11,7 @@
 #include "hpc_train/error.h"
 #include "hpc_train/io/checkpoint.h"
 #include "hpc_train/optim/lr_schedule.h"
+#include "hpc_train/train/weight_ema.h"
 #include "hpc_train/runtime/cuda_profiler.h"
 #include "hpc_train/runtime/stop_signal.h"
 #include "hpc_train/train/checkpoint_cadence.h"
@@ -355,9 +356,12 @@ void Trainer::Impl::end_epoch(RunProgress& run, const EpochProgress& epoch,
   if (ended.complete) ++run.summary.epochs_completed;
   if (placement.cuda) at::globalContext().setBenchmarkCuDNN(false);  // Note [cuDNN autotuning]
   run.summary.test = evaluator->evaluate(*model);
+  if (config.ema_decay > 0)
+    with_ema_weights(*optimizer, flat, [&] { run.summary.test_ema = evaluator->evaluate(*model); });
   const StepReport report = optimizer->report();
   ended.train_loss = run.summary.final_train_loss;
   ended.test = run.summary.test;
+  ended.test_ema = run.summary.test_ema;
   ended.wall_s = epoch_wall.elapsed_ms() / 1e3;
   ended.loader_wait_s = epoch.loader_wait_ms / 1e3;
   ended.storage_reads = run.storage_reads.epoch_ended(comm);
@@ -384,10 +388,17 @@ TrainSummary Trainer::Impl::finish_run(RunProgress& run, const Stopwatch& run_wa
   run.agreement.finish();
   checkpoints->wait_for_writes();  // Note [Background checkpoint writes]
   TrainSummary& summary = run.summary;
-  if (!config.export_weights.empty() && summary.stop_signal == 0 && comm.rank() == 0) {
-    write_weights_safetensors(config.export_weights,
-                              model_checkpoint(dataset.info(), *model, run.global_step));
-    reporter.say("Weights exported to %s\n", config.export_weights.c_str());
+  if (!config.export_weights.empty() && summary.stop_signal == 0) {
+    const auto export_to = [&](const std::string& path, const char* what) {
+      if (comm.rank() != 0) return;
+      write_weights_safetensors(path, model_checkpoint(dataset.info(), *model, run.global_step));
+      reporter.say("%s exported to %s\n", what, path.c_str());
+    };
+    export_to(config.export_weights, "Weights");
+    if (config.ema_decay > 0)  // collective: every rank takes part in assembling the EMA
+      with_ema_weights(*optimizer, flat, [&] {
+        export_to(ema_export_path(config.export_weights), "The weights' EMA");
+      });
   }
   summary.steps = run.global_step;
   const StepReport report = optimizer->report();

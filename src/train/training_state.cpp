@@ -101,6 +101,8 @@ void add_optimizer_and_rng_state(Checkpoint& c, const FullOptimizerState& state,
   copy_to_host(state.master, torch::kFloat, c.master);
   copy_to_host(state.exp_avg, torch::kFloat, c.exp_avg);
   copy_to_host(state.exp_avg_sq, torch::kFloat, c.exp_avg_sq);
+  if (state.ema.defined()) copy_to_host(state.ema, torch::kFloat, c.ema);
+  else c.ema.clear();
   // Note [Random state in checkpoints].
   take_generator_state(at::detail::getDefaultCPUGenerator(), c.rng_state);
   if (device.is_cuda())
@@ -168,6 +170,7 @@ FullOptimizerState restore_model_and_rng(const Checkpoint& c, const std::string&
   state.master = from_vector(c.master);
   state.exp_avg = from_vector(c.exp_avg);
   state.exp_avg_sq = from_vector(c.exp_avg_sq);
+  if (!c.ema.empty()) state.ema = from_vector(c.ema);
   state.steps = c.optimizer_steps;
   return state;
 }

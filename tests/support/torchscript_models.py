@@ -31,11 +31,13 @@ tests/support/check_safetensors.py), not the safetensors package.
                           --lr LR [--optimizer sgd|adamw] [--momentum M] [--dampening D]
                           [--nesterov] [--weight-decay W] [--milestones A,B --gamma G]
                           [--label-smoothing E] [--no-decay-bias-bn]
+                          [--ema-decay D --ema-out EMA.safetensors]
         PyTorch's reference trajectory: the module from the weights, trained in train mode on
         the first N train images (normalised as above) as one batch a step with torch.optim's
         optimizer, MultiStepLR and CrossEntropyLoss(label_smoothing=E), with the parameters
-        below 2-D in a group without weight decay (--no-decay-bias-bn); prints each step's loss,
-        one a line
+        below 2-D in a group without weight decay (--no-decay-bias-bn), and an EMA of the weights
+        (torch.optim.swa_utils.AveragedModel, avg_fn D x ema + (1 - D) x weights, updated after
+        each step) written to EMA.safetensors; prints each step's loss, one a line
 """
 import argparse
 import ctypes
@@ -297,6 +299,11 @@ def command_train(args):
                                     nesterov=args.nesterov)
     else:
         optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=args.weight_decay)
+    ema = None
+    if args.ema_decay > 0:
+        decay = args.ema_decay
+        ema = torch.optim.swa_utils.AveragedModel(
+            module, avg_fn=lambda averaged, current, _: decay * averaged + (1 - decay) * current)
     milestones = [int(m) for m in args.milestones.split(",")] if args.milestones else []
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, gamma=args.gamma)
     for _ in range(args.steps):
@@ -305,7 +312,12 @@ def command_train(args):
         loss.backward()
         optimizer.step()
         schedule.step()
+        if ema is not None:
+            ema.update_parameters(module)
         print(repr(loss.item()))
+    if ema is not None:
+        write_safetensors(args.ema_out, {name: value.detach() for name, value
+                                         in ema.module.state_dict().items()})
 
 
 def main():
@@ -367,6 +379,8 @@ def main():
     p.add_argument("--gamma", type=float, default=0.1)
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--no-decay-bias-bn", action="store_true")
+    p.add_argument("--ema-decay", type=float, default=0.0)
+    p.add_argument("--ema-out")
     p.set_defaults(run=command_train)
     args = parser.parse_args()
     args.run(args)

@@ -51,6 +51,7 @@ struct TrainConfig {
   double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam and sgd)
   bool no_decay_bias_bn = false;  // --no-decay-bias-bn: none on parameters below 2-D
   double label_smoothing = 0.0;   // --label-smoothing: the training loss's (torch's meaning)
+  double ema_decay = 0.0;         // --ema-decay: keep an EMA of the weights; 0 = none
   double momentum = 0.0;          // --momentum: SGD's; 0 = plain SGD
   double dampening = 0.0;         // --dampening: SGD's
   bool nesterov = false;          // --nesterov: SGD with Nesterov momentum

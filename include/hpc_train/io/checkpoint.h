@@ -19,6 +19,8 @@
 //   /optimizer/master      1-D 32-bit floats, all of one length: the logical layout (model order,
 //   /optimizer/exp_avg     no padding), so that the file does not depend on the world size or
 //   /optimizer/exp_avg_sq  the ZeRO stage that wrote it
+//   /optimizer/ema         the same, the weights' EMA (--ema-decay; Note [Weight EMA] in
+//                          zero_optimizer.h); only in a run that keeps one
 //   /training              attributes global_step, micro_step, epoch, micro_steps_in_epoch,
 //                          skipped_steps, samples_in_epoch, micro_batch, grad_accum (64-bit
 //                          integers; the last three since version 2)
@@ -108,6 +110,7 @@ struct Checkpoint {
   std::vector<CheckpointTensor> model_state;  // state_dict order
   // fp32, the logical layout: model order, no padding, all the same length.
   std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<float> ema;  // the same layout; empty: the run kept no EMA
 };
 
 // How write_checkpoint moves the data into the file.

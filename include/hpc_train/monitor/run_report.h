@@ -88,6 +88,7 @@ struct TrainSummary {
   int64_t global_batch = 0;
   double final_train_loss = 0.0;  // mean over the last epoch's steps (or those run of it)
   EvalResult test;
+  std::optional<EvalResult> test_ema;  // --ema-decay: the last evaluation of the weights' EMA
   double wall_s = 0.0;            // the whole run, evaluation included
   double samples_per_s = 0.0;     // training samples per second over all ranks, first step excluded
   double ms_per_step = 0.0;       // likewise
@@ -287,6 +288,7 @@ struct EpochReport {
   bool complete = true;  // false: stopped by --max-steps
   double train_loss = 0.0;
   EvalResult test;
+  std::optional<EvalResult> test_ema;  // --ema-decay: the EMA of the weights on the test split
   double train_s = 0.0;  // the epoch's training loop
   double wall_s = 0.0;   // with evaluation
   double loader_wait_s = 0.0;

@@ -54,6 +54,7 @@ struct FusedStepOptions {
   double dampening = 0.0;              // SGD
   bool nesterov = false;               // SGD
   bool momentum_buffer = false;        // SGD keeps a momentum buffer
+  double ema_decay = 0.0;              // > 0: the update also moves the EMA of the weights
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
@@ -101,6 +102,11 @@ struct FusedStepState {
   // 1 - dampening.
   float buffer_keep = 0.0f;
   float gradient_share = 1.0f;
+  // The EMA of the weights (Note [Weight EMA] in zero_optimizer.h): ema = ema x ema_keep +
+  // ema_share x weight; on the first step 0 and 1 (the EMA becomes the weights), then the decay
+  // and 1 - decay.
+  float ema_keep = 0.0f;
+  float ema_share = 1.0f;
 };
 static_assert(std::is_standard_layout<FusedStepState>::value, "copied as bytes");
 
@@ -134,22 +140,23 @@ void launch_step_bookkeeping(const double* sum_of_squares, double sum_of_squares
 // when the model is fp32 (the parameters are the master weights, updated in place). The
 // gradients are of the parameters' dtype, or of `grad_dtype` where given: fp32 gradients of a
 // 16-bit model (Note [Gradient precision] in flat_parameters.h). `decay_mask` (laid out as the
-// moments; nullptr: every element): where weight decay applies (--no-decay-bias-bn).
+// moments; nullptr: every element): where weight decay applies (--no-decay-bias-bn). `ema`
+// (laid out as the moments; nullptr: none) is moved towards the updated weights.
 void launch_adam_update(const void* grads, void* params, KernelDtype dtype, float* master,
                         float* exp_avg, float* exp_avg_sq, const FusedSegment* segments,
                         int num_segments, int grid_blocks, const FusedStepState* state,
                         const FusedStepOptions& options, cudaStream_t stream);
 void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                         float* master, float* exp_avg, float* exp_avg_sq, const bool* decay_mask,
-                        const FusedSegment* segments, int num_segments, int grid_blocks,
-                        const FusedStepState* state, const FusedStepOptions& options,
-                        cudaStream_t stream);
+                        float* ema, const FusedSegment* segments, int num_segments,
+                        int grid_blocks, const FusedStepState* state,
+                        const FusedStepOptions& options, cudaStream_t stream);
 // SGD's update, as launch_adam_update's; `momentum_buffer` is nullptr when
 // options.momentum_buffer is false.
 void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                        float* master, float* momentum_buffer, const bool* decay_mask,
-                       const FusedSegment* segments, int num_segments, int grid_blocks,
-                       const FusedStepState* state, const FusedStepOptions& options,
-                       cudaStream_t stream);
+                       float* ema, const FusedSegment* segments, int num_segments,
+                       int grid_blocks, const FusedStepState* state,
+                       const FusedStepOptions& options, cudaStream_t stream);
 
 }  // namespace hpc_train

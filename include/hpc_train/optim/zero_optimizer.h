@@ -68,6 +68,8 @@ struct ZeroOptions {
   // --no-decay-bias-bn: no weight decay on parameters of one dimension or none (biases,
   // normalisation weights), as torch parameter groups with weight_decay 0 give.
   bool no_decay_below_2d = false;
+  // --ema-decay: > 0 keeps an EMA of the fp32 weights (Note [Weight EMA]); 0: none.
+  double ema_decay = 0.0;
   // step() and step_on_device(): fp16 loss scaling with LossScaler's rules, on the host or kept
   // on the GPU (needs check_overflow). Absent: the loss scale is 1.
   std::optional<LossScalerOptions> loss_scaling;
@@ -100,8 +102,18 @@ struct FullOptimizerState {
   at::Tensor master;      // fp32
   at::Tensor exp_avg;     // Adam's first moment, or SGD's momentum buffer
   at::Tensor exp_avg_sq;  // Adam's second moment
+  at::Tensor ema;         // the weights' EMA (Note [Weight EMA]); undefined: the run keeps none
   int64_t steps = 0;
 };
+
+// Note [Weight EMA]
+// --ema-decay d keeps an exponential moving average of the fp32 weights, as
+// torch.optim.swa_utils.AveragedModel with avg_fn d x ema + (1 - d) x weights, updated after
+// every applied step (the first one copies the weights; an fp16 step skipped for an overflow
+// changes nothing, the EMA included). It is optimizer state: partitioned like the moments (each
+// rank averages its own slices), carried through re-layouts, checkpointed; ema_flat() assembles
+// it for evaluation and export. Buffers (BatchNorm statistics) are not averaged: the EMA is
+// evaluated with the model's own, as AveragedModel's default (use_buffers=False) gives.
 
 // The optimizer sees the reducer's partition, never its layout: the reducer rebuilds the buckets
 // after the first step, and tells the optimizer around it (LayoutObserver), which carries its state
@@ -146,6 +158,9 @@ class ZeroOptimizer : private LayoutObserver {
   int64_t state_bytes() const;
 
   FullOptimizerState gather_full_state();  // collective
+  // The weights' EMA in the flat layout, fp32, whole on every rank; undefined without one.
+  // Collective.
+  at::Tensor ema_flat();
   void load_full_state(const FullOptimizerState& state);
 
  private:
@@ -223,6 +238,7 @@ class ZeroOptimizer : private LayoutObserver {
   at::Tensor exp_avg_sq_;
   // bool, laid out as the state: the elements weight decay applies to; undefined: every one.
   at::Tensor decay_mask_;
+  at::Tensor ema_;  // fp32, laid out as the state (Note [Weight EMA]); undefined: none
   // The device path's buffers, on the parameters' GPU (undefined on the CPU).
   at::Tensor device_state_;    // the bytes of one FusedStepState (fused_optimizer.h)
   // fp32 [1]: the device scaler's current scale, updated by every step_on_device; the loss is

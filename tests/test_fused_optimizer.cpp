@@ -858,7 +858,9 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
           const at::Tensor size = cpu.flat->values().to(at::kFloat).abs() + 1e-3;
           EXPECT_LT((difference / size).max().item<double>(), type == at::kFloat ? 1e-5 : 1e-2)
               << "step " << step;
-          EXPECT_EQ(gpu.optimizer->report().last_lr, cpu.optimizer->report().last_lr);
+          // The schedule in fp64 on both; the GPU may contract a multiply-add (an ulp).
+          EXPECT_NEAR(gpu.optimizer->report().last_lr, cpu.optimizer->report().last_lr,
+                      1e-12 * cpu.optimizer->report().last_lr);
         }
         const FullOptimizerState g = gpu.optimizer->gather_full_state();
         const FullOptimizerState h = cpu.optimizer->gather_full_state();

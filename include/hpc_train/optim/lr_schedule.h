@@ -25,8 +25,9 @@
 // functions of their `last_batch_iteration`; lr_at(step) is DeepSpeed's get_lr() with
 // last_batch_iteration = step, for every DeepSpeed schedule here (test_lr_schedule.cpp writes
 // DeepSpeed's source out and compares step by step). DeepSpeed's engine steps its scheduler after
-// each applied optimizer step and starts from the value its constructor sets (the minimum lr),
-// so its k-th step runs at get_lr(k - 1): hpc_train runs each value one step earlier. MultiStepLR
+// each applied optimizer step, so its k-th step runs at get_lr(k - 1), and its first at what the
+// scheduler's constructor left in the optimizer (OneCycle: cycle_min_lr; WarmupLR and
+// WarmupDecayLR: the optimizer's own lr): hpc_train runs each value one step earlier. MultiStepLR
 // is PyTorch's, whose constructor already counts as step 0: lr_at(k) is what its k-th step runs at.
 //
 // The schedule is a few numbers (LrScheduleParams) and one function of them that compiles for

@@ -422,29 +422,6 @@ TrainSummary Trainer::Impl::finish_run(RunProgress& run, const Stopwatch& run_wa
 }
 
 
-namespace {
-
-// `body`'s result; LibTorch's errors become ours, with LibTorch's own message and without its C++
-// backtrace.
-template <typename Body>
-auto without_libtorch_backtrace(Body&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const c10::Error& e) {
-    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
-  }
-}
-
-}  // namespace
-
-Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
-                 const TrainerOutput& output, Placement placement, StartupPhases* startup)
-    : impl_(without_libtorch_backtrace([&] {
-        return std::make_unique<Impl>(config, dataset, comm, output, placement, startup);
-      })) {}
-
-Trainer::~Trainer() = default;
-
 TrainSummary Trainer::run() {
   return without_libtorch_backtrace([this] { return impl_->run(); });
 }

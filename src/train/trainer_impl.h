@@ -10,6 +10,7 @@
 #include <string>
 
 #include "hpc_train/comm/comm.h"
+#include "hpc_train/error.h"
 #include "hpc_train/comm/reducer.h"
 #include "hpc_train/data/device_input.h"
 #include "hpc_train/data/epoch_batches.h"
@@ -31,6 +32,17 @@
 #include "hpc_train/train/training_step.h"
 
 namespace hpc_train {
+
+// `body`'s result; LibTorch's errors become ours, with LibTorch's own message and without its C++
+// backtrace (Trainer's constructor and run()).
+template <typename Body>
+auto without_libtorch_backtrace(Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    throw Error(std::string("LibTorch: ") + e.what_without_backtrace());
+  }
+}
 
 struct RunProgress;    // trainer.cpp: the run in progress
 struct EpochProgress;  // trainer.cpp: one epoch in progress

@@ -1,4 +1,5 @@
-// The trainer's start-up (Trainer::Impl's constructor): the phases that build what run() uses.
+// The trainer's start-up (Trainer's and Trainer::Impl's constructors): the phases that build what
+// run() uses.
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
@@ -158,5 +159,13 @@ MemoryBytes Trainer::Impl::memory() const {
 
 // The losses summed since the last call and how many micro-steps they are; starts a new sum
 // (waits for the device).
+
+Trainer::Trainer(const TrainConfig& config, const DatasetFile& dataset, MPI_Comm comm,
+                 const TrainerOutput& output, Placement placement, StartupPhases* startup)
+    : impl_(without_libtorch_backtrace([&] {
+        return std::make_unique<Impl>(config, dataset, comm, output, placement, startup);
+      })) {}
+
+Trainer::~Trainer() = default;
 
 }  // namespace hpc_train

@@ -14,7 +14,7 @@
 #      and not the weights themselves; summary.json reports the EMA's test loss;
 #   5. SGD's momentum buffer, a one-cycle schedule that cycles it and the EMA survive a
 #      checkpoint: 6 steps + resume + 6 ends bitwise equal to 12 steps (the weights and their
-#      EMA), at 3 ranks under ZeRO-2.
+#      EMA), at 3 ranks under ZeRO-2; an AdamW run refuses that checkpoint's SGD state.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 support=$HPC_TRAIN_SOURCE_DIR/tests/support
@@ -128,6 +128,14 @@ train 3 second-half "${cycle[@]}" --max-steps 12 --resume "$checkpoint" \
 "$python" "$support/check_safetensors.py" resumed.ema.safetensors \
   --compare straight.ema.safetensors --quiet ||
   { echo "FAIL: the resumed run's EMA differs from the straight one's"; failures=$((failures + 1)); }
+# Its optimizer state is SGD's: an Adam run refuses it before training, naming both.
+status=0
+timeout 120 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --progress lines --dataset slice30.h5 \
+  --model simple_cnn.pt --init-weights init.safetensors --run-dir refused "${cycle[@]:2}" \
+  --optimizer adamw --resume "$checkpoint" > refused.out 2>&1 || status=$?
+if [ "$status" -eq 0 ] || ! grep -q "optimizer state is sgd's; this run's --optimizer is adamw" refused.out; then
+  echo "FAIL: resuming SGD's state with AdamW: exit $status"; cat refused.out; failures=$((failures + 1))
+fi
 tail -n 6 < <(losses straight) > straight-last.txt
 losses second-half | tail -n 6 > resumed-last.txt
 cmp -s straight-last.txt resumed-last.txt ||

@@ -9,6 +9,8 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <utility>
 
 #include "hpc_train/io/checkpoint_files.h"
@@ -286,8 +288,32 @@ void RunCheckpoints::wait_for_writes() {
   if (!failure.empty()) throw Error(failure);
 }
 
+namespace {
+
+// The `optimizer = NAME` line of a checkpoint's resolved configuration (to_ini); "" where there
+// is none.
+std::string saved_optimizer(const std::string& config_ini) {
+  std::istringstream lines(config_ini);
+  std::string line;
+  const std::string key = "optimizer = ";
+  while (std::getline(lines, line))
+    if (line.rfind(key, 0) == 0) return line.substr(key.size());
+  return "";
+}
+
+}  // namespace
+
 TrainingPosition RunCheckpoints::resume(const std::string& path) {
   const Checkpoint c = read_checkpoint(path);
+  // The optimizer arrays mean what the saving run's rule made them (optimizer.h): Adam's moments
+  // are no momentum buffer for SGD, nor the other way round. Adam and AdamW share theirs.
+  const std::string saved = saved_optimizer(c.config_ini);
+  const std::optional<OptimizerKind> saved_kind = parse_choice<OptimizerKind>(saved);
+  if (saved_kind && (*saved_kind == OptimizerKind::kSgd) != (config_.optimizer == OptimizerKind::kSgd))
+    throw DataError(path + ": the checkpoint's optimizer state is " + saved + "'s; this run's "
+                    "--optimizer is " + to_string(config_.optimizer) + ". Resume with --optimizer " +
+                    saved + ", or start a new run from the weights (--export-weights, then "
+                    "--init-weights)");
   // check_checkpoint_fits compares identities; this says which file and what to do.
   if (names_torchscript_file(config_.model) && c.model != model_.identity())
     throw DataError(path + ": the checkpoint holds " + c.model + "; this run's --model " +

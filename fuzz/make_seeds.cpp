@@ -251,6 +251,12 @@ void deepspeed_config_seeds() {
  "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "job"},
  "csv_monitor": {"enabled": true}, "wandb": {"enabled": true}, "flops_profiler": {},
  "prescale_gradients": false})"},
+      // FusedLamb's keys, and OneCycle cycling its beta1.
+      {"lamb_one_cycle", R"({"train_batch_size": 8,
+ "optimizer": {"type": "Lamb", "params": {"lr": 0.002, "betas": [0.9, 0.999], "eps": 1e-6,
+ "weight_decay": 0.01, "max_coeff": 10.0, "min_coeff": 0.01, "bias_correction": true,
+ "eps_inside_sqrt": false, "amsgrad": false}},
+ "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0002, "cycle_max_lr": 0.002}}})"},
   };
   for (const auto& [name, text] : seeds) {
     const std::string path = fuzz::scratch_path(std::string(name) + ".json");

@@ -122,6 +122,12 @@ TEST(Config, DefaultsAreTheOriginRecipe) {
   EXPECT_EQ(config.eps, 1e-8);
   EXPECT_EQ(config.weight_decay, 0.01);
   EXPECT_EQ(config.seed, 42u);
+  // The trust ratios' options as the papers have them (Note [Trust ratios] in optimizer.h):
+  // LARS's eta 0.001, LAMB's ratio unbounded and its moments bias-corrected.
+  EXPECT_EQ(config.trust_coefficient, 1e-3);
+  EXPECT_EQ(config.min_trust_ratio, 0.0);
+  EXPECT_EQ(config.max_trust_ratio, 0.0);
+  EXPECT_EQ(config.lamb_bias_correction, LambBiasCorrection::kMoments);
   // No accumulation, clipping or schedule; fp32 without ZeRO; DDP-like buckets with overlap.
   EXPECT_EQ(config.grad_accum, 1);
   EXPECT_EQ(config.clip_grad, 0.0);
@@ -253,6 +259,49 @@ TEST(Config, CommandLineSetsEveryOption) {
   EXPECT_EQ(c.run_dir, "runs/my run");
   EXPECT_EQ(c.log_every, 5);
   EXPECT_EQ(c.progress, ProgressStyle::kLines);
+}
+
+// LAMB's and LARS's options, on the command line and in the INI file; each validates with its
+// own optimizer.
+TEST_F(ConfigTest, LayerAdaptiveOptimizerOptions) {
+  const CommandLine lamb =
+      parse({"--optimizer", "lamb", "--min-trust-ratio", "0.01", "--max-trust-ratio", "10",
+             "--lamb-bias-correction", "step", "--beta2", "0.99"});
+  EXPECT_EQ(lamb.config.optimizer, OptimizerKind::kLamb);
+  EXPECT_EQ(lamb.config.min_trust_ratio, 0.01);
+  EXPECT_EQ(lamb.config.max_trust_ratio, 10.0);
+  EXPECT_EQ(lamb.config.lamb_bias_correction, LambBiasCorrection::kStepSize);
+  EXPECT_EQ(lamb.config.beta2, 0.99);
+  EXPECT_NO_THROW(validate(lamb.config));
+  EXPECT_EQ(parse({"--lamb-bias-correction", "none"}).config.lamb_bias_correction,
+            LambBiasCorrection::kNone);
+
+  const std::string path = write("lars.ini",
+                                 "[training]\noptimizer = lars\ntrust_coefficient = 0.02\n"
+                                 "momentum = 0.9\nnesterov = true\n");
+  const TrainConfig lars = parse({"--config", path}).config;
+  EXPECT_EQ(lars.optimizer, OptimizerKind::kLars);
+  EXPECT_EQ(lars.trust_coefficient, 0.02);
+  EXPECT_EQ(lars.momentum, 0.9);
+  EXPECT_TRUE(lars.nesterov);
+  EXPECT_NO_THROW(validate(lars));
+}
+
+// Which optimizers keep Adam's moments, and whose checkpointed state resumes under which.
+TEST(Config, OptimizerStateFamilies) {
+  EXPECT_TRUE(keeps_adam_moments(OptimizerKind::kAdamW));
+  EXPECT_TRUE(keeps_adam_moments(OptimizerKind::kAdam));
+  EXPECT_TRUE(keeps_adam_moments(OptimizerKind::kLamb));
+  EXPECT_FALSE(keeps_adam_moments(OptimizerKind::kSgd));
+  EXPECT_FALSE(keeps_adam_moments(OptimizerKind::kLars));
+  EXPECT_TRUE(shares_optimizer_state(OptimizerKind::kAdamW, OptimizerKind::kLamb));
+  EXPECT_TRUE(shares_optimizer_state(OptimizerKind::kLamb, OptimizerKind::kAdam));
+  EXPECT_TRUE(shares_optimizer_state(OptimizerKind::kSgd, OptimizerKind::kSgd));
+  EXPECT_TRUE(shares_optimizer_state(OptimizerKind::kLars, OptimizerKind::kLars));
+  // LARS's buffer sums trust-scaled gradients: SGD's is not one.
+  EXPECT_FALSE(shares_optimizer_state(OptimizerKind::kSgd, OptimizerKind::kLars));
+  EXPECT_FALSE(shares_optimizer_state(OptimizerKind::kLars, OptimizerKind::kSgd));
+  EXPECT_FALSE(shares_optimizer_state(OptimizerKind::kSgd, OptimizerKind::kAdamW));
 }
 
 // Both checkpoint rules may be given; minutes are a number, fractions included.
@@ -451,6 +500,11 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
   config.data_store_limit_mb = 4096;
   config.checkpoint_every = 500;
   config.checkpoint_every_minutes = 0.1 + 0.2;  // needs 17 digits
+  config.optimizer = OptimizerKind::kLamb;
+  config.trust_coefficient = 0.02;
+  config.min_trust_ratio = 0.01;
+  config.max_trust_ratio = 10;
+  config.lamb_bias_correction = LambBiasCorrection::kStepSize;
   const std::string text = to_ini(config);
   EXPECT_EQ(text.rfind("# hpc_train resolved configuration\n", 0), 0u) << text;
   // Sections in order, the new ones after [training].
@@ -465,6 +519,11 @@ TEST_F(ConfigTest, ToIniReadsBackIdentically) {
     EXPECT_NE(text.find(std::string("\n") + section + "\n"), std::string::npos) << section;
   }
   EXPECT_NE(text.find("drop_last = true\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\noptimizer = lamb\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\ntrust_coefficient = 0.02\nmin_trust_ratio = 0.01\n"
+                      "max_trust_ratio = 10\nlamb_bias_correction = step\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("data_store = memory\ndata_store_limit_mb = 4096\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("\n[checkpoint]\ncheckpoint_every = 500\n"
@@ -498,7 +557,9 @@ TEST(Config, HelpListsEveryGroupAndOptionWithDefault) {
         "--loss-scale-window N (=1000)", "--hysteresis N (=2)", "--min-loss-scale X (=1)",
         "--bucket-mb X (=0)", "--first-bucket-mb X (=1)",
         "--overlap-comm [=true|false] (=true)", "Checkpoints [checkpoint]",
-        "--checkpoint-every N (=0)", "--checkpoint-every-minutes X (=0)"}) {
+        "--checkpoint-every N (=0)", "--checkpoint-every-minutes X (=0)",
+        "--trust-coefficient X (=0.001)", "--min-trust-ratio X (=0)", "--max-trust-ratio X (=0)",
+        "--lamb-bias-correction TEXT (=moments)"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
   }
 }
@@ -609,7 +670,8 @@ TEST_F(ConfigTest, UnknownChoiceNamesTheOptionValueAndNames) {
   };
   const Case cases[] = {
       {"augment", "data", "sometimes", "auto, on or off", "auto"},
-      {"optimizer", "training", "lamb", "adamw, adam or sgd", "adamw"},
+      {"optimizer", "training", "lion", "adamw, adam, sgd, lamb or lars", "adamw"},
+      {"lamb-bias-correction", "training", "paper", "moments, step or none", "moments"},
       {"lr-schedule", "training", "cosine",
        "constant, warmup, warmup-cosine, warmup-decay, one-cycle or multistep", "constant"},
       {"warmup-type", "training", "exp", "linear or log", "linear"},
@@ -676,8 +738,69 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.cosine_final_ratio = -0.1; }, "--cosine-final-ratio -0.1:"},
       {[](TrainConfig& c) { c.schedule_steps = -1; }, "--schedule-steps -1:"},
       {[](TrainConfig& c) { c.momentum = 0.9; },
-       "--momentum 0.9: applies to --optimizer sgd only (Adam's momentum is --beta1)"},
-      {[](TrainConfig& c) { c.nesterov = true; }, "--nesterov true: applies to --optimizer sgd"},
+       "--momentum 0.9: applies to --optimizer sgd and lars only (Adam's and LAMB's momentum is "
+       "--beta1)"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLamb;
+         c.dampening = 0.1;
+       },
+       "--dampening 0.1: applies to --optimizer sgd and lars only"},
+      {[](TrainConfig& c) { c.nesterov = true; },
+       "--nesterov true: applies to --optimizer sgd and lars only"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLars;
+         c.nesterov = true;
+       },
+       "--nesterov true: needs --momentum > 0"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLars;
+         c.momentum = 0.9;
+         c.nesterov = true;
+         c.lr_schedule = LrScheduleKind::kOneCycle;
+         c.cycle_min_momentum = 0;
+       },
+       "--cycle-min-momentum 0: must be > 0 with --nesterov"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLars;
+         c.trust_coefficient = 0;
+       },
+       "--trust-coefficient 0: must be a finite number > 0, e.g. 0.001"},
+      {[](TrainConfig& c) { c.trust_coefficient = -1e-3; }, "--trust-coefficient -0.001: must be"},
+      {[](TrainConfig& c) { c.trust_coefficient = std::nan(""); }, "--trust-coefficient nan:"},
+      {[](TrainConfig& c) { c.trust_coefficient = std::numeric_limits<double>::infinity(); },
+       "--trust-coefficient inf:"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLamb;
+         c.min_trust_ratio = -0.01;
+       },
+       "--min-trust-ratio -0.01: must be a finite number >= 0 (0 = no lower bound)"},
+      {[](TrainConfig& c) { c.min_trust_ratio = std::numeric_limits<double>::infinity(); },
+       "--min-trust-ratio inf: must be a finite number >= 0"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLamb;
+         c.min_trust_ratio = 0.5;
+         c.max_trust_ratio = 0.1;
+       },
+       "--max-trust-ratio 0.1: must be 0 (no upper bound) or a finite number >= "
+       "--min-trust-ratio (0.5), e.g. 10"},
+      {[](TrainConfig& c) { c.max_trust_ratio = -1; }, "--max-trust-ratio -1: must be 0"},
+      {[](TrainConfig& c) { c.max_trust_ratio = std::numeric_limits<double>::infinity(); },
+       "--max-trust-ratio inf: must be 0"},
+      {[](TrainConfig& c) { c.max_trust_ratio = std::nan(""); }, "--max-trust-ratio nan: must be 0"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLamb;
+         c.trust_coefficient = 0.02;
+       },
+       "--trust-coefficient 0.02: applies to --optimizer lars only"},
+      {[](TrainConfig& c) { c.min_trust_ratio = 0.01; },
+       "--min-trust-ratio 0.01: applies to --optimizer lamb only"},
+      {[](TrainConfig& c) {
+         c.optimizer = OptimizerKind::kLars;
+         c.max_trust_ratio = 10;
+       },
+       "--max-trust-ratio 10: applies to --optimizer lamb only"},
+      {[](TrainConfig& c) { c.lamb_bias_correction = LambBiasCorrection::kStepSize; },
+       "--lamb-bias-correction step: applies to --optimizer lamb only"},
       {[](TrainConfig& c) {
          c.optimizer = OptimizerKind::kSgd;
          c.momentum = 1.0;
@@ -700,7 +823,7 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
       {[](TrainConfig& c) { c.cycle_max_momentum = 1; }, "--cycle-min-momentum 0.8: needs"},
       {[](TrainConfig& c) { c.lr_gamma = 0; }, "--lr-gamma 0: must be in (0, 1]"},
       {[](TrainConfig& c) { c.lr_schedule = LrScheduleKind::kMultiStep; },
-       "--lr-schedule multistep: multistep needs --lr-milestones"},
+       "--lr-schedule multistep: multistep needs either --lr-milestones"},
       {[](TrainConfig& c) { c.lr_milestones = "100"; },
        "--lr-milestones '100': applies to --lr-schedule multistep only"},
       {[](TrainConfig& c) {
@@ -713,6 +836,19 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
          c.lr_milestones = "10,x";
        },
        "--lr-milestones 10,x: 'x' is not an optimizer step"},
+      {[](TrainConfig& c) {
+         c.lr_schedule = LrScheduleKind::kMultiStep;
+         c.lr_milestone_epochs = "30,0";
+       },
+       "--lr-milestone-epochs 30,0: '0' is not an epoch >= 1 in ascending order"},
+      {[](TrainConfig& c) {
+         c.lr_schedule = LrScheduleKind::kMultiStep;
+         c.lr_milestones = "100";
+         c.lr_milestone_epochs = "3";
+       },
+       "--lr-schedule multistep: multistep needs either --lr-milestones (optimizer steps"},
+      {[](TrainConfig& c) { c.lr_milestone_epochs = "3"; },
+       "--lr-milestone-epochs '3': applies to --lr-schedule multistep only"},
       {[](TrainConfig& c) {
          c.lr_schedule = LrScheduleKind::kWarmupCosine;
          c.warmup_steps = 100;
@@ -788,6 +924,24 @@ TEST(Config, ValidateNamesTheOptionAndValue) {
   EXPECT_NO_THROW(validate(edges));
   edges.schedule_steps = 0;  // the whole run, resolved by the trainer
   EXPECT_NO_THROW(validate(edges));
+
+  TrainConfig lamb;  // a fixed trust ratio, and a lower bound without an upper one
+  lamb.optimizer = OptimizerKind::kLamb;
+  lamb.lamb_bias_correction = LambBiasCorrection::kNone;
+  lamb.min_trust_ratio = lamb.max_trust_ratio = 0.5;
+  EXPECT_NO_THROW(validate(lamb));
+  lamb.max_trust_ratio = 0;
+  EXPECT_NO_THROW(validate(lamb));
+  TrainConfig lars;  // SGD's momentum options, a cycled momentum with Nesterov's variant
+  lars.optimizer = OptimizerKind::kLars;
+  lars.trust_coefficient = 1e-9;
+  lars.momentum = 0.9;
+  lars.nesterov = true;
+  lars.lr_schedule = LrScheduleKind::kOneCycle;
+  EXPECT_NO_THROW(validate(lars));
+  lars.nesterov = false;
+  lars.dampening = 1;
+  EXPECT_NO_THROW(validate(lars));
 }
 
 // A minimum loss scale above the dynamic scale's start, and bucket sizes that are no byte or

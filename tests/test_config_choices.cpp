@@ -49,8 +49,14 @@ TEST(ConfigChoices, EveryValueHasItsNameAndReadsBack) {
                        "auto, on or off");
   expect_names<OptimizerKind>({{OptimizerKind::kAdamW, "adamw"},
                                {OptimizerKind::kAdam, "adam"},
-                               {OptimizerKind::kSgd, "sgd"}},
-                              "adamw, adam or sgd");
+                               {OptimizerKind::kSgd, "sgd"},
+                               {OptimizerKind::kLamb, "lamb"},
+                               {OptimizerKind::kLars, "lars"}},
+                              "adamw, adam, sgd, lamb or lars");
+  expect_names<LambBiasCorrection>({{LambBiasCorrection::kMoments, "moments"},
+                                    {LambBiasCorrection::kStepSize, "step"},
+                                    {LambBiasCorrection::kNone, "none"}},
+                                   "moments, step or none");
   expect_names<LrScheduleKind>({{LrScheduleKind::kConstant, "constant"},
                                 {LrScheduleKind::kWarmup, "warmup"},
                                 {LrScheduleKind::kWarmupCosine, "warmup-cosine"},
@@ -77,6 +83,8 @@ TEST(ConfigChoices, EveryValueHasItsNameAndReadsBack) {
                                {ProgressStyle::kBar, "bar"},
                                {ProgressStyle::kLines, "lines"}},
                               "auto, bar or lines");
+  expect_names<DataStore>({{DataStore::kFile, "file"}, {DataStore::kMemory, "memory"}},
+                          "file or memory");
   expect_names<GradientDtype>({{GradientDtype::kModel, "model"}, {GradientDtype::kFp32, "fp32"}},
                               "model or fp32");
 }
@@ -87,6 +95,7 @@ TEST(ConfigChoices, NamesBelongToTheirEnum) {
   EXPECT_EQ(parse_choice<Switch>("cuda"), std::nullopt);
   EXPECT_EQ(parse_choice<BackendChoice>("cpu"), std::nullopt);
   EXPECT_EQ(parse_choice<ProgressStyle>("on"), std::nullopt);
+  EXPECT_EQ(parse_choice<LambBiasCorrection>("lamb"), std::nullopt);
 }
 
 // A value that no table row names can only come from an integer cast to the enum: a bug, which

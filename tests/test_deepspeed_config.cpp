@@ -356,6 +356,24 @@ TEST_F(DeepSpeedConfigTest, OneCycle) {
   EXPECT_EQ(sgd.cycle_decay_lr_rate, 0.5);
   EXPECT_FALSE(sgd.cycle_momentum);
   EXPECT_EQ(sgd.beta2, 0.999);  // untouched: nothing cycles
+
+  // FusedLamb has betas: OneCycle cycles its beta1, as Adam's. LARS (the command line's: no
+  // DeepSpeed type) cycles its momentum, as SGD.
+  const std::string one_cycle = R"("scheduler": {"type": "OneCycle",
+      "params": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1}})";
+  TrainConfig lamb;
+  apply(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}, )" + one_cycle + "}", 1, lamb);
+  EXPECT_EQ(lamb.beta2, 0.99);
+  TrainConfig lars;
+  lars.optimizer = OptimizerKind::kLars;
+  lars.momentum = 0.9;
+  const std::vector<std::string> lars_warnings =
+      apply(R"({"train_batch_size": 8, )" + one_cycle + "}", 1, lars, {"optimizer"});
+  EXPECT_EQ(lars.beta2, 0.999);
+  EXPECT_TRUE(any_contains(lars_warnings, "DeepSpeed cycles only betas and leaves the momentum "
+                                          "of lars alone, hpc_train cycles it"))
+      << joined(lars_warnings);
+  EXPECT_NO_THROW(validate(lars));
   std::string message = error(R"({"train_batch_size": 8,
       "scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})");
   EXPECT_TRUE(contains(message, "OneCycle needs 'scheduler.params.cycle_min_lr'")) << message;
@@ -407,8 +425,11 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
                                  "optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})"),
                        "betas"));
 
-  std::string message = error(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})");
-  EXPECT_TRUE(contains(message, "'optimizer.type' \"Lamb\" is not supported")) << message;
+  std::string message = error(R"({"train_batch_size": 8, "optimizer": {"type": "OneBitLamb"}})");
+  EXPECT_TRUE(contains(message, "'optimizer.type' \"OneBitLamb\" is not supported: hpc_train "
+                                "runs \"Adam\" (AdamW unless params.adam_w_mode is false, as in "
+                                "DeepSpeed), \"AdamW\", \"SGD\" and \"Lamb\""))
+      << message;
   message = error(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 1}}})");
   EXPECT_TRUE(contains(message, "'optimizer' has no 'type'")) << message;
   message = error(R"({"train_batch_size": 8,
@@ -417,6 +438,125 @@ TEST_F(DeepSpeedConfigTest, OptimizerTypes) {
   message = error(R"({"train_batch_size": 8,
                       "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})");
   EXPECT_TRUE(contains(message, "'optimizer.params.betas' must be an array of two numbers"))
+      << message;
+}
+
+// "Lamb" is DeepSpeed's FusedLamb: Adam's params and defaults, the trust ratio bounded to
+// [min_coeff, max_coeff] = [0.01, 10] by default, the bias corrected in the step size.
+TEST_F(DeepSpeedConfigTest, Lamb) {
+  TrainConfig defaults;
+  std::vector<std::string> warnings =
+      apply(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})", 1, defaults);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+  EXPECT_EQ(defaults.optimizer, OptimizerKind::kLamb);
+  EXPECT_EQ(defaults.lr, 1e-3);
+  EXPECT_EQ(defaults.beta1, 0.9);
+  EXPECT_EQ(defaults.beta2, 0.999);
+  EXPECT_EQ(defaults.eps, 1e-8);
+  EXPECT_EQ(defaults.weight_decay, 0.0);  // FusedLamb's, not hpc_train's 0.01
+  EXPECT_EQ(defaults.min_trust_ratio, 0.01);
+  EXPECT_EQ(defaults.max_trust_ratio, 10.0);
+  EXPECT_EQ(defaults.lamb_bias_correction, LambBiasCorrection::kStepSize);
+  EXPECT_NO_THROW(validate(defaults));
+
+  TrainConfig config;  // every key; the type in any case
+  warnings = apply(R"({"train_batch_size": 8,
+      "optimizer": {"type": "LAMB",
+                    "params": {"lr": 0.002, "betas": [0.8, 0.99], "eps": 1e-6,
+                               "weight_decay": 0.01, "max_coeff": 0.3, "min_coeff": 0.08,
+                               "bias_correction": false, "eps_inside_sqrt": false,
+                               "amsgrad": false}}})",
+                   1, config);
+  EXPECT_TRUE(warnings.empty()) << joined(warnings);
+  EXPECT_EQ(config.optimizer, OptimizerKind::kLamb);
+  EXPECT_EQ(config.lr, 0.002);
+  EXPECT_EQ(config.beta1, 0.8);
+  EXPECT_EQ(config.beta2, 0.99);
+  EXPECT_EQ(config.eps, 1e-6);
+  EXPECT_EQ(config.weight_decay, 0.01);
+  EXPECT_EQ(config.max_trust_ratio, 0.3);
+  EXPECT_EQ(config.min_trust_ratio, 0.08);
+  EXPECT_EQ(config.lamb_bias_correction, LambBiasCorrection::kNone);
+  EXPECT_NO_THROW(validate(config));
+  TrainConfig corrected;
+  apply(R"({"train_batch_size": 8,
+            "optimizer": {"type": "lamb", "params": {"bias_correction": true}}})",
+        1, corrected);
+  EXPECT_EQ(corrected.lamb_bias_correction, LambBiasCorrection::kStepSize);
+
+  // What FusedLamb would compute otherwise, or DeepSpeed refuses.
+  const auto lamb_error = [&](const std::string& params) {
+    return error(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb", "params": )" + params +
+                 "}}");
+  };
+  std::string message = lamb_error(R"({"eps_inside_sqrt": true})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.eps_inside_sqrt' true is not supported"))
+      << message;
+  message = lamb_error(R"({"amsgrad": true})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.amsgrad' true is not supported")) << message;
+  for (const char* norm : {"1.0", "0"}) {  // DeepSpeed's engine refuses the key at any value
+    message = lamb_error(std::string(R"({"max_grad_norm": )") + norm + "}");
+    EXPECT_TRUE(contains(message, "'optimizer.params.max_grad_norm' is not an optimizer "
+                                  "parameter (DeepSpeed rejects it too); use the top-level "
+                                  "\"gradient_clipping\""))
+        << message;
+  }
+  message = lamb_error(R"({"max_coeff": 0})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.max_coeff' 0 must be > 0")) << message;
+  message = lamb_error(R"({"min_coeff": 0.8, "max_coeff": 0.5})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.max_coeff' gives --max-trust-ratio 0.5: must "
+                                "be 0 (no upper bound) or a finite number >= --min-trust-ratio "
+                                "(0.8)"))
+      << message;
+  message = lamb_error(R"({"min_coeff": -1})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.min_coeff' gives --min-trust-ratio -1:"))
+      << message;
+  message = lamb_error(R"({"bias_correction": 1})");
+  EXPECT_TRUE(contains(message, "'optimizer.params.bias_correction' must be true or false"))
+      << message;
+  message = lamb_error(R"({"adam_w_mode": false})");
+  EXPECT_TRUE(contains(message, "unknown key 'optimizer.params.adam_w_mode'")) << message;
+}
+
+// --optimizer on the command line wins over the file's type: LAMB's own keys then mean nothing;
+// with "type": "auto" the block's params are those of the command line's optimizer.
+TEST_F(DeepSpeedConfigTest, LambAndTheCommandLinesOptimizer) {
+  TrainConfig adamw;
+  std::vector<std::string> warnings = apply(
+      R"({"train_batch_size": 8,
+          "optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3, "weight_decay": 0.1}}})",
+      1, adamw, {"optimizer"});
+  EXPECT_EQ(adamw.optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(adamw.weight_decay, 0.1);
+  EXPECT_EQ(adamw.max_trust_ratio, 0.0);
+  EXPECT_EQ(adamw.min_trust_ratio, 0.0);
+  EXPECT_EQ(adamw.lamb_bias_correction, LambBiasCorrection::kMoments);
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.type' lamb is not used: --optimizer adamw on "
+                                     "the command line wins"))
+      << joined(warnings);
+  EXPECT_NO_THROW(validate(adamw));
+
+  TrainConfig lamb;
+  lamb.optimizer = OptimizerKind::kLamb;
+  warnings = apply(R"({"train_batch_size": 8,
+                       "optimizer": {"type": "auto",
+                                     "params": {"max_coeff": 5, "bias_correction": "auto"}}})",
+                   1, lamb, {"optimizer"});
+  EXPECT_EQ(lamb.optimizer, OptimizerKind::kLamb);
+  EXPECT_EQ(lamb.max_trust_ratio, 5.0);
+  EXPECT_EQ(lamb.min_trust_ratio, 0.01);
+  EXPECT_EQ(lamb.lamb_bias_correction, LambBiasCorrection::kMoments);  // "auto": ours
+  EXPECT_TRUE(any_contains(warnings, "'optimizer.params.bias_correction' is \"auto\": "
+                                     "--lamb-bias-correction moments"))
+      << joined(warnings);
+
+  TrainConfig lars;
+  lars.optimizer = OptimizerKind::kLars;
+  const std::string message = error(
+      R"({"train_batch_size": 8, "optimizer": {"type": "auto", "params": {"lr": 0.1}}})", 1,
+      {"optimizer"}, lars);
+  EXPECT_TRUE(contains(message, "'optimizer.type' is \"auto\" and --optimizer is lars, which "
+                                "DeepSpeed has no optimizer for"))
       << message;
 }
 

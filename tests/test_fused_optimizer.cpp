@@ -796,17 +796,20 @@ TEST_F(ZeroOnDevice, OneRanksStagesStepAsStageZero) {
   }
 }
 
-// SGD (plain, with dampened momentum, Nesterov with weight decay), a one-cycle schedule that
-// cycles SGD's momentum and Adam's beta1, weight decay kept off the 1-D parameters, and the
-// weights' EMA: the fused kernels against the same ZeroOptimizer on the
-// CPU, whose ATen updates equal torch.optim's (test_optimizer.cpp), at every stage, fp32 and bf16.
-TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
+// SGD (plain, with dampened momentum, Nesterov with weight decay), LAMB (its bias correction in
+// the moments or in the step, the ratio bounded) and LARS (Note [Trust ratios]), a one-cycle
+// schedule that cycles SGD's momentum and Adam's beta1, weight decay kept off the 1-D
+// parameters, and the weights' EMA: the fused kernels against the same ZeroOptimizer on the CPU,
+// whose ATen updates equal torch.optim's (test_optimizer.cpp) and the papers' rules
+// (test_recipes.sh), at every stage, fp32 and bf16.
+TEST_F(ZeroOnDevice, SgdLambLarsAndCycledMomentumMatchTheCpuOptimizer) {
   std::mt19937_64 gen = generator_for(17);
   struct Case {
     const char* name;
     OptimizerKind kind;
     double momentum, dampening, weight_decay;
     bool nesterov, one_cycle, no_decay_below_2d;
+    LambBiasCorrection lamb_bias_correction = LambBiasCorrection::kMoments;
   };
   const Case cases[] = {
       {"sgd", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, false, false},
@@ -815,7 +818,13 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
       {"sgd one-cycle", OptimizerKind::kSgd, 0.0, 0.0, 0.0, false, true, false},
       {"adamw one-cycle", OptimizerKind::kAdamW, 0.0, 0.0, 0.01, false, true, false},
       {"sgd no decay below 2-D", OptimizerKind::kSgd, 0.9, 0.0, 0.05, false, false, true},
-      {"adamw no decay below 2-D", OptimizerKind::kAdamW, 0.0, 0.0, 0.05, false, false, true}};
+      {"adamw no decay below 2-D", OptimizerKind::kAdamW, 0.0, 0.0, 0.05, false, false, true},
+      {"lamb", OptimizerKind::kLamb, 0.0, 0.0, 0.01, false, false, false},
+      {"lamb one-cycle, no decay below 2-D, step correction", OptimizerKind::kLamb, 0.0, 0.0,
+       0.05, false, true, true, LambBiasCorrection::kStepSize},
+      {"lars nesterov, no decay below 2-D", OptimizerKind::kLars, 0.9, 0.0, 5e-4, true, false,
+       true},
+      {"lars one-cycle", OptimizerKind::kLars, 0.0, 0.0, 5e-4, false, true, false}};
   const double ema_decay = 0.9;  // every case keeps an EMA
   for (const Case& c : cases) {
     for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
@@ -832,6 +841,10 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
         options.optimizer.weight_decay = c.weight_decay;
         options.no_decay_below_2d = c.no_decay_below_2d;
         options.ema_decay = ema_decay;
+        options.optimizer.lamb_bias_correction = c.lamb_bias_correction;
+        options.optimizer.min_trust_ratio = 0.01;  // LAMB's bounds
+        options.optimizer.max_trust_ratio = 10.0;
+        options.optimizer.trust_coefficient = 0.02;  // LARS
         if (c.one_cycle) {
           LrScheduleParams schedule;
           schedule.kind = LrScheduleKind::kOneCycle;
@@ -865,6 +878,7 @@ TEST_F(ZeroOnDevice, SgdAndCycledMomentumMatchTheCpuOptimizer) {
         const FullOptimizerState g = gpu.optimizer->gather_full_state();
         const FullOptimizerState h = cpu.optimizer->gather_full_state();
         EXPECT_TRUE(torch::allclose(g.exp_avg.cpu(), h.exp_avg, 1e-5, 1e-7));
+        EXPECT_TRUE(torch::allclose(g.exp_avg_sq.cpu(), h.exp_avg_sq, 1e-5, 1e-9));
         EXPECT_TRUE(torch::allclose(g.master.cpu(), h.master, 1e-5, 1e-7));
         EXPECT_TRUE(torch::allclose(g.ema.cpu(), h.ema, 1e-5, 1e-7));
         EXPECT_FALSE(torch::equal(h.ema, h.master));  // it averages, it does not copy

@@ -1,7 +1,9 @@
 // adam_update and sgd_update against LibTorch's own Adam, AdamW and SGD on the same parameters
-// and gradients.
+// and gradients; LAMB's and LARS's pieces (Note [Trust ratios]) against their papers' formulas.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 #include "hpc_train/error.h"
 #include "hpc_train/optim/optimizer.h"
@@ -184,4 +186,74 @@ TEST(AdamUpdate, ACycledBeta1IsTorchsWithChangedBetas) {
   const double relative =
       ((ours - reference.detach()).norm() / reference.detach().norm()).item<double>();
   EXPECT_LT(relative, 1e-6);
+}
+
+// Note [Trust ratios]: the ratios' rules at their edges, as trust_ratio.h writes them for the
+// host and the GPU.
+TEST(TrustRatio, LambIsTheNormsRatioWithinItsBounds) {
+  EXPECT_DOUBLE_EQ(hpc_train::lamb_trust_ratio(2.0, 0.5, 0.0, 0.0), 4.0);  // no upper bound
+  EXPECT_DOUBLE_EQ(hpc_train::lamb_trust_ratio(2.0, 0.5, 0.0, 3.0), 3.0);
+  EXPECT_DOUBLE_EQ(hpc_train::lamb_trust_ratio(1.0, 1e3, 0.01, 10.0), 0.01);
+  EXPECT_DOUBLE_EQ(hpc_train::lamb_trust_ratio(0.0, 0.5, 0.01, 10.0), 1.0);  // weights at zero
+  EXPECT_DOUBLE_EQ(hpc_train::lamb_trust_ratio(2.0, 0.0, 0.01, 10.0), 1.0);  // no direction
+}
+
+TEST(TrustRatio, LarsDividesByTheGradientAndTheDecayTerm) {
+  EXPECT_DOUBLE_EQ(hpc_train::lars_trust_ratio(3.0, 2.0, 1e-3, 0.1, 1e-8),
+                   1e-3 * 3.0 / (2.0 + 0.1 * 3.0 + 1e-8));
+  EXPECT_DOUBLE_EQ(hpc_train::lars_trust_ratio(0.0, 2.0, 1e-3, 0.1, 1e-8), 1.0);
+  EXPECT_DOUBLE_EQ(hpc_train::lars_trust_ratio(3.0, 0.0, 1e-3, 0.1, 1e-8), 1.0);
+}
+
+TEST(TrustRatio, LambCorrectsTheBiasWhereItIsAsked) {
+  using hpc_train::LambBiasCorrection;
+  const hpc_train::LambCorrection moments =
+      hpc_train::lamb_correction(LambBiasCorrection::kMoments, 0.9, 0.999, 2);
+  EXPECT_DOUBLE_EQ(moments.moment_scale, 1.0 / (1.0 - 0.9 * 0.9));
+  EXPECT_DOUBLE_EQ(moments.root_scale, 1.0 / std::sqrt(1.0 - 0.999 * 0.999));
+  EXPECT_DOUBLE_EQ(moments.step_scale, 1.0);
+  const hpc_train::LambCorrection step =
+      hpc_train::lamb_correction(LambBiasCorrection::kStepSize, 0.9, 0.999, 2);
+  EXPECT_DOUBLE_EQ(step.moment_scale, 1.0);
+  EXPECT_DOUBLE_EQ(step.root_scale, 1.0);
+  EXPECT_DOUBLE_EQ(step.step_scale, std::sqrt(1.0 - 0.999 * 0.999) / (1.0 - 0.9 * 0.9));
+  const hpc_train::LambCorrection none =
+      hpc_train::lamb_correction(LambBiasCorrection::kNone, 0.9, 0.999, 2);
+  EXPECT_DOUBLE_EQ(none.moment_scale * none.root_scale * none.step_scale, 1.0);
+}
+
+// LAMB's direction is Adam's bias-corrected m / (sqrt(v) + eps) plus the decay term, written
+// out here from the paper's Algorithm 2; LARS's update is SGD's on the scaled direction.
+TEST(LayerAdaptiveUpdates, LambDirectionAndLarsUpdateAreThePapers) {
+  torch::manual_seed(11);
+  const int64_t n = 300;
+  hpc_train::OptimizerOptions options{1e-2, 0.9, 0.99, 1e-6, 0.05, hpc_train::OptimizerKind::kLamb};
+  const torch::Tensor weights = torch::randn({n});
+  torch::Tensor exp_avg = torch::randn({n}) * 0.1, exp_avg_sq = torch::rand({n}) * 0.01;
+  const torch::Tensor grads = torch::randn({n});
+  const torch::Tensor m = exp_avg * 0.9 + grads * 0.1;
+  const torch::Tensor v = exp_avg_sq * 0.99 + grads * grads * 0.01;
+  const int64_t step = 3;
+  const torch::Tensor want = (m / (1 - std::pow(0.9, step))) /
+                                 ((v / (1 - std::pow(0.99, step))).sqrt() + 1e-6) +
+                             0.05 * weights;
+  const torch::Tensor got = hpc_train::lamb_direction(
+      weights, grads, exp_avg, exp_avg_sq, 0.9,
+      hpc_train::lamb_correction(hpc_train::LambBiasCorrection::kMoments, 0.9, 0.99, step),
+      options, true);
+  EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(exp_avg, m));
+  EXPECT_TRUE(torch::allclose(exp_avg_sq, v));
+
+  options.kind = hpc_train::OptimizerKind::kLars;
+  options.momentum = 0.9;
+  options.nesterov = true;
+  torch::Tensor lars = weights.clone(), lars_buffer = torch::randn({n});
+  torch::Tensor sgd = weights.clone(), sgd_buffer = lars_buffer.clone();
+  hpc_train::lars_update(lars, grads, lars_buffer, 2, 0.5, 0.9, options, 0.05, 0.3);
+  hpc_train::OptimizerOptions no_decay = options;
+  no_decay.weight_decay = 0.0;
+  hpc_train::sgd_update(sgd, (grads + 0.05 * weights) * 0.3, sgd_buffer, 2, 0.5, 0.9, no_decay);
+  EXPECT_TRUE(torch::allclose(lars, sgd, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(lars_buffer, sgd_buffer, 1e-6, 1e-7));
 }

@@ -4,6 +4,7 @@
 #      simple_cnn from the same weights, every step on the whole 30-sample train slice, gives
 #      torch.optim.SGD + MultiStepLR's loss trajectory (tests/support/torchscript_models.py
 #      train): each of 20 steps within 1e-5 relative, at 1 rank and at 3 ranks under ZeRO-2;
+#      the milestones in steps and in epochs (--lr-milestone-epochs; every step is an epoch);
 #   2. label smoothing: torch's CrossEntropyLoss(label_smoothing=0.1) with SGD + momentum, the
 #      same 1e-5 at 1 and 3 ranks (SGD, whose step is linear in the gradient: Adam's
 #      m / sqrt(v) turns the ranks' rounding of near-zero gradients into ~1e-5 differences);
@@ -14,7 +15,11 @@
 #      and not the weights themselves; summary.json reports the EMA's test loss;
 #   5. SGD's momentum buffer, a one-cycle schedule that cycles it and the EMA survive a
 #      checkpoint: 6 steps + resume + 6 ends bitwise equal to 12 steps (the weights and their
-#      EMA), at 3 ranks under ZeRO-2; an AdamW run refuses that checkpoint's SGD state.
+#      EMA), at 3 ranks under ZeRO-2; AdamW and LARS runs refuse that checkpoint's SGD state;
+#   6. LAMB and LARS (Note [Trust ratios]) against their papers' update rules written out in
+#      tests/support/layerwise_optimizers.py, the same 1e-5 at 1 and 3 ranks, with buckets small
+#      enough that the ranks' partitions split parameters; and not within 1e-3 of AdamW and SGD
+#      with the same settings (the ratios act).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/support/script_test.sh"
 support=$HPC_TRAIN_SOURCE_DIR/tests/support
@@ -79,6 +84,12 @@ against_pytorch sgd-nesterov \
   "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4 --lr-schedule multistep --lr-milestones 8,14 --lr-gamma 0.5" \
   "--lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4 --milestones 8,14 --gamma 0.5"
 
+# Every step here is an epoch (the whole slice): milestones in epochs are torchvision's
+# per-epoch MultiStepLR, the same trajectory.
+against_pytorch sgd-nesterov-epochs \
+  "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4 --lr-schedule multistep --lr-milestone-epochs 8,14 --lr-gamma 0.5" \
+  "--lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4 --milestones 8,14 --gamma 0.5"
+
 echo "== 2. label smoothing against CrossEntropyLoss(label_smoothing)"
 against_pytorch label-smoothing \
   "--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 5e-4 --label-smoothing 0.1" \
@@ -128,18 +139,46 @@ train 3 second-half "${cycle[@]}" --max-steps 12 --resume "$checkpoint" \
 "$python" "$support/check_safetensors.py" resumed.ema.safetensors \
   --compare straight.ema.safetensors --quiet ||
   { echo "FAIL: the resumed run's EMA differs from the straight one's"; failures=$((failures + 1)); }
-# Its optimizer state is SGD's: an Adam run refuses it before training, naming both.
-status=0
-timeout 120 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --progress lines --dataset slice30.h5 \
-  --model simple_cnn.pt --init-weights init.safetensors --run-dir refused "${cycle[@]:2}" \
-  --optimizer adamw --resume "$checkpoint" > refused.out 2>&1 || status=$?
-if [ "$status" -eq 0 ] || ! grep -q "optimizer state is sgd's; this run's --optimizer is adamw" refused.out; then
-  echo "FAIL: resuming SGD's state with AdamW: exit $status"; cat refused.out; failures=$((failures + 1))
-fi
+# Its optimizer state is SGD's: an AdamW run (Adam's moments) and a LARS run (a buffer of
+# trust-scaled gradients) refuse it before training, naming both.
+for other in adamw lars; do
+  status=0
+  timeout 120 "$MPIEXEC" -np 3 --oversubscribe "$HPC_TRAIN" --progress lines --dataset slice30.h5 \
+    --model simple_cnn.pt --init-weights init.safetensors --run-dir "refused-$other" \
+    "${cycle[@]:2}" --optimizer "$other" --resume "$checkpoint" > "refused-$other.out" 2>&1 ||
+    status=$?
+  if [ "$status" -eq 0 ] ||
+      ! grep -q "optimizer state is sgd's; this run's --optimizer is $other" "refused-$other.out"; then
+    echo "FAIL: resuming SGD's state with $other: exit $status"; cat "refused-$other.out"
+    failures=$((failures + 1))
+  fi
+done
 tail -n 6 < <(losses straight) > straight-last.txt
 losses second-half | tail -n 6 > resumed-last.txt
 cmp -s straight-last.txt resumed-last.txt ||
   { echo "FAIL: the resumed losses differ"; paste straight-last.txt resumed-last.txt; failures=$((failures + 1)); }
+
+echo "== 6. LAMB and LARS against the papers' rules (tests/support/layerwise_optimizers.py)"
+# The small buckets split simple_cnn's weights between the 3 ranks' partitions: the trust
+# ratios need the whole parameters' norms (Note [Trust ratios]).
+small_buckets="--bucket-mb 0.02 --first-bucket-mb 0.005"
+against_pytorch lamb "--optimizer lamb --lr 0.01 --weight-decay 0.01 $small_buckets" \
+  "--optimizer lamb --lr 0.01 --weight-decay 0.01"
+against_pytorch lars \
+  "--optimizer lars --lr 0.5 --momentum 0.9 --nesterov --weight-decay 5e-4 --trust-coefficient 0.02 --no-decay-bias-bn $small_buckets" \
+  "--optimizer lars --lr 0.5 --momentum 0.9 --nesterov --weight-decay 5e-4 --trust-coefficient 0.02 --no-decay-bias-bn"
+# The ratios act: SGD with LARS's settings and AdamW with LAMB's take other paths.
+models train simple_cnn.pt init.safetensors "$idx" --max-train 30 --steps 20 --lr 0.5 \
+  --momentum 0.9 --nesterov --weight-decay 5e-4 --no-decay-bias-bn > lars-as-sgd-torch.txt
+models train simple_cnn.pt init.safetensors "$idx" --max-train 30 --steps 20 --optimizer adamw \
+  --lr 0.01 --weight-decay 0.01 > lamb-as-adamw-torch.txt
+for pair in "lars-as-sgd lars" "lamb-as-adamw lamb"; do
+  read -r without with <<< "$pair"
+  if same_trajectory "$without against $with (must differ)" "$without-torch.txt" "$with-torch.txt" 1e-3; then
+    echo "FAIL: $with is within 1e-3 of $without: the check cannot see the trust ratios"
+    failures=$((failures + 1))
+  fi
+done
 
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all recipe checks passed"

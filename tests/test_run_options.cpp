@@ -1,5 +1,6 @@
 // The run's decisions from the configuration (run_options.h): which steps cuDNN autotunes,
-// when steps are captured as a CUDA graph, when the train split stays on the GPU.
+// when steps are captured as a CUDA graph, when the train split stays on the GPU; what the
+// optimizer is given.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -148,5 +149,63 @@ TEST(RunOptions, BucketSizeFollowsTheStageUnlessGiven) {
   EXPECT_EQ(hpc_train::bucket_mib(config, 3, resnet50_bf16), 25.0) << "given: kept at stage 2";
 }
 
+// Every option of the update rules reaches OptimizerOptions (optimizer.h), LAMB's and LARS's too.
+TEST(RunOptions, OptimizerOptionsCarryEveryRulesOptions) {
+  TrainConfig config;
+  config.optimizer = hpc_train::OptimizerKind::kLamb;
+  config.lr = 0.02;
+  config.beta1 = 0.8;
+  config.beta2 = 0.99;
+  config.eps = 1e-6;
+  config.weight_decay = 0.1;
+  config.min_trust_ratio = 0.01;
+  config.max_trust_ratio = 10;
+  config.lamb_bias_correction = hpc_train::LambBiasCorrection::kStepSize;
+  hpc_train::OptimizerOptions options = hpc_train::optimizer_options(config);
+  EXPECT_EQ(options.kind, hpc_train::OptimizerKind::kLamb);
+  EXPECT_EQ(options.lr, 0.02);
+  EXPECT_EQ(options.beta1, 0.8);
+  EXPECT_EQ(options.beta2, 0.99);
+  EXPECT_EQ(options.eps, 1e-6);
+  EXPECT_EQ(options.weight_decay, 0.1);
+  EXPECT_EQ(options.min_trust_ratio, 0.01);
+  EXPECT_EQ(options.max_trust_ratio, 10.0);
+  EXPECT_EQ(options.lamb_bias_correction, hpc_train::LambBiasCorrection::kStepSize);
+
+  config = TrainConfig{};
+  config.optimizer = hpc_train::OptimizerKind::kLars;
+  config.momentum = 0.9;
+  config.dampening = 0.1;
+  config.nesterov = true;
+  config.trust_coefficient = 0.02;
+  options = hpc_train::optimizer_options(config);
+  EXPECT_EQ(options.kind, hpc_train::OptimizerKind::kLars);
+  EXPECT_EQ(options.momentum, 0.9);
+  EXPECT_EQ(options.dampening, 0.1);
+  EXPECT_TRUE(options.nesterov);
+  EXPECT_EQ(options.trust_coefficient, 0.02);
+}
+
 }  // namespace
 
+// --lr-milestone-epochs become the optimizer steps that end those epochs; with --grad-accum the
+// micro-steps carry over epoch boundaries, so an epoch's end falls inside the update it ends in.
+TEST(RunOptions, MilestoneEpochsBecomeTheStepsThatEndThem) {
+  TrainConfig config;
+  config.lr_schedule = hpc_train::LrScheduleKind::kMultiStep;
+  config.lr_milestone_epochs = "2,3";
+  hpc_train::LrScheduleParams params = hpc_train::lr_schedule_options(config, 1000, 10);
+  ASSERT_EQ(params.milestone_count, 2);
+  EXPECT_EQ(params.milestones[0], 20);
+  EXPECT_EQ(params.milestones[1], 30);
+  config.grad_accum = 3;
+  params = hpc_train::lr_schedule_options(config, 1000, 10);
+  EXPECT_EQ(params.milestones[0], 6);   // 20 micro-steps: the 6th update ends at the 18th
+  EXPECT_EQ(params.milestones[1], 10);  // 30 micro-steps: 10 whole updates
+  config.grad_accum = 1;
+  config.lr_milestone_epochs.clear();
+  config.lr_milestones = "7,9";  // steps stay steps
+  params = hpc_train::lr_schedule_options(config, 1000, 10);
+  EXPECT_EQ(params.milestones[0], 7);
+  EXPECT_EQ(params.milestones[1], 9);
+}

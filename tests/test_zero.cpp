@@ -1,4 +1,5 @@
-// ZeRO stages, gradient accumulation, clipping, overlap and fp16 overflow agreement, at 1, 2 and
+// ZeRO stages (with every update rule's state: LAMB's and LARS's per-parameter norms span the
+// ranks), gradient accumulation, clipping, overlap and fp16 overflow agreement, at 1, 2 and
 // 3 ranks on the CPU (fp32): every variant must end with the parameters of the single-rank run
 // with the global batch (relative difference <= 1e-5 after 20 steps), on simple_cnn over 1x8x8
 // images, whose 155,530 parameters are not divisible by 3, with small buckets so that every
@@ -139,6 +140,32 @@ TEST_F(ZeroTest, StagesZeroOneTwoMatchTheSingleRankRun) {
       std::printf("%s bytes per rank at %d ranks: stage 0 %lld, stage 1 %lld, stage 2 %lld\n",
                   what, world, bytes(0), bytes(1), bytes(2));
     }
+}
+
+// Note [Trust ratios]: LAMB's and LARS's norms are over whole parameters, which the small buckets
+// split between the ranks' partitions: each stage must still end where the single-rank run does.
+TEST_F(ZeroTest, LayerAdaptiveRulesMatchTheSingleRankRunAtEveryStage) {
+  for (OptimizerKind kind : {OptimizerKind::kLamb, OptimizerKind::kLars}) {
+    TrainConfig config = base(kMicroBatch);
+    config.optimizer = kind;
+    if (kind == OptimizerKind::kLamb) {
+      config.lr = 1e-2;
+      config.max_trust_ratio = 10.0;
+    } else {
+      config.lr = 1.0;
+      config.momentum = 0.9;
+      config.nesterov = true;
+      config.weight_decay = 5e-4;
+      config.trust_coefficient = 0.02;
+      config.no_decay_bias_bn = true;
+    }
+    const torch::Tensor want = reference(config);
+    for (int stage = 0; stage <= 2; ++stage) {
+      config.zero_stage = stage;
+      const std::string what = to_string(kind) + " at stage " + std::to_string(stage);
+      expect_close(train(config, MPI_COMM_WORLD), want, what.c_str());
+    }
+  }
 }
 
 TEST_F(ZeroTest, GradientAccumulationMatchesTheLargerBatch) {

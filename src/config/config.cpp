@@ -50,7 +50,8 @@ namespace po = boost::program_options;
 using FieldPtr = std::variant<std::string TrainConfig::*, bool TrainConfig::*, int TrainConfig::*,
                               int64_t TrainConfig::*, uint64_t TrainConfig::*,
                               double TrainConfig::*, Switch TrainConfig::*,
-                              OptimizerKind TrainConfig::*, LrScheduleKind TrainConfig::*,
+                              OptimizerKind TrainConfig::*, LambBiasCorrection TrainConfig::*,
+                              LrScheduleKind TrainConfig::*,
                               WarmupType TrainConfig::*, Precision TrainConfig::*,
                               DeviceChoice TrainConfig::*, BackendChoice TrainConfig::*,
                               ProgressStyle TrainConfig::*, DataStore TrainConfig::*,
@@ -115,13 +116,13 @@ const OptionSpec kOptions[] = {
     {"eval-batch", "training", &TrainConfig::eval_batch,
      "samples per rank per evaluation batch; 0 = auto (on a GPU as many as 16 MiB of float32 "
      "input holds, 256 to 4096; 256 on the CPU)"},
-    {"optimizer", "training", &TrainConfig::optimizer, "adamw, adam or sgd"},
+    {"optimizer", "training", &TrainConfig::optimizer, "adamw, adam, sgd, lamb or lars"},
     {"lr", "training", &TrainConfig::lr, "learning rate"},
-    {"beta1", "training", &TrainConfig::beta1, "Adam's first-moment decay"},
-    {"beta2", "training", &TrainConfig::beta2, "Adam's second-moment decay"},
-    {"eps", "training", &TrainConfig::eps, "Adam's denominator epsilon"},
+    {"beta1", "training", &TrainConfig::beta1, "Adam's (and LAMB's) first-moment decay"},
+    {"beta2", "training", &TrainConfig::beta2, "Adam's (and LAMB's) second-moment decay"},
+    {"eps", "training", &TrainConfig::eps, "Adam's and LAMB's denominator epsilon, LARS's in its trust ratio"},
     {"weight-decay", "training", &TrainConfig::weight_decay,
-     "decoupled for adamw, L2 for adam and sgd"},
+     "decoupled for adamw and lamb, L2 for adam, sgd and lars"},
     {"no-decay-bias-bn", "training", &TrainConfig::no_decay_bias_bn,
      "no weight decay on biases and normalisation weights (every parameter of fewer than 2 "
      "dimensions), as torchvision's --norm-weight-decay 0 --bias-weight-decay 0"},
@@ -130,9 +131,20 @@ const OptionSpec kOptions[] = {
      "evaluated and exported beside them; 0 = none"},
     {"label-smoothing", "training", &TrainConfig::label_smoothing,
      "the training loss's label smoothing in [0, 1) (torch.nn.CrossEntropyLoss's); 0 = none"},
-    {"momentum", "training", &TrainConfig::momentum, "SGD's momentum; 0 = plain SGD"},
-    {"dampening", "training", &TrainConfig::dampening, "SGD's dampening of the momentum"},
-    {"nesterov", "training", &TrainConfig::nesterov, "SGD with Nesterov momentum"},
+    {"momentum", "training", &TrainConfig::momentum,
+     "SGD's and LARS's momentum; 0 = none (plain SGD)"},
+    {"dampening", "training", &TrainConfig::dampening,
+     "SGD's and LARS's dampening of the momentum"},
+    {"nesterov", "training", &TrainConfig::nesterov, "SGD or LARS with Nesterov momentum"},
+    {"trust-coefficient", "training", &TrainConfig::trust_coefficient,
+     "LARS: eta in eta |w| / (|g| + weight decay |w|)"},
+    {"min-trust-ratio", "training", &TrainConfig::min_trust_ratio,
+     "LAMB: the trust ratio's lower bound (DeepSpeed's min_coeff); 0 = none"},
+    {"max-trust-ratio", "training", &TrainConfig::max_trust_ratio,
+     "LAMB: the trust ratio's upper bound (DeepSpeed's max_coeff); 0 = none"},
+    {"lamb-bias-correction", "training", &TrainConfig::lamb_bias_correction,
+     "LAMB: where the moments' bias is corrected: moments (the paper), step (DeepSpeed's "
+     "FusedLamb) or none"},
     {"seed", "training", &TrainConfig::seed, "seeds initialisation and the epoch plan"},
     {"grad-accum", "training", &TrainConfig::grad_accum, "micro-steps per optimizer step"},
     {"clip-grad", "training", &TrainConfig::clip_grad,
@@ -162,13 +174,16 @@ const OptionSpec kOptions[] = {
     {"cycle-decay-momentum-rate", "training", &TrainConfig::cycle_decay_momentum_rate,
      "one-cycle: momentum = max x (1 + rate x steps after / --cycle-decay-steps)"},
     {"cycle-momentum", "training", &TrainConfig::cycle_momentum,
-     "one-cycle: cycle SGD's momentum (Adam's beta1) against the lr"},
+     "one-cycle: cycle SGD's or LARS's momentum (Adam's or LAMB's beta1) against the lr"},
     {"cycle-min-momentum", "training", &TrainConfig::cycle_min_momentum,
      "one-cycle: the momentum at the lr's peak"},
     {"cycle-max-momentum", "training", &TrainConfig::cycle_max_momentum,
      "one-cycle: the momentum at the lr's lowest"},
     {"lr-milestones", "training", &TrainConfig::lr_milestones,
      "multistep: optimizer steps where the lr is multiplied by --lr-gamma, e.g. 3000,6000"},
+    {"lr-milestone-epochs", "training", &TrainConfig::lr_milestone_epochs,
+     "multistep: epochs after which the lr is multiplied by --lr-gamma, e.g. 30,60,80 "
+     "(torchvision's --lr-steps)"},
     {"lr-gamma", "training", &TrainConfig::lr_gamma, "multistep: the lr's factor at a milestone"},
     {"zero-stage", "zero", &TrainConfig::zero_stage,
      "0 none; 1 optimizer state; 2 also gradients"},
@@ -695,18 +710,46 @@ void require(bool holds, const char* option, const T& value, const std::string& 
   throw ConfigError(std::string("--") + option + " " + shown + ": " + what_works);
 }
 
-// --momentum, --dampening and --nesterov: torch.optim.SGD's rules, and only for SGD.
-void validate_sgd(const TrainConfig& c) {
-  const bool sgd = c.optimizer == OptimizerKind::kSgd;
+// --momentum, --dampening and --nesterov: torch.optim.SGD's rules, and only for the rules with
+// SGD's momentum buffer (sgd, lars).
+void validate_momentum(const TrainConfig& c) {
+  const bool momentum_buffer = !keeps_adam_moments(c.optimizer);
   require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "momentum", c.momentum,
           "must be in [0, 1), e.g. 0.9 (0 = plain SGD)");
   require(c.dampening >= 0 && c.dampening <= 1, "dampening", c.dampening, "must be in [0, 1]");
-  const std::string sgd_only = "applies to --optimizer sgd only (Adam's momentum is --beta1)";
-  require(sgd || c.momentum == 0, "momentum", c.momentum, sgd_only);
-  require(sgd || c.dampening == 0, "dampening", c.dampening, sgd_only);
-  require(sgd || !c.nesterov, "nesterov", c.nesterov, sgd_only);
+  const std::string sgd_only =
+      "applies to --optimizer sgd and lars only (Adam's and LAMB's momentum is --beta1)";
+  require(momentum_buffer || c.momentum == 0, "momentum", c.momentum, sgd_only);
+  require(momentum_buffer || c.dampening == 0, "dampening", c.dampening, sgd_only);
+  require(momentum_buffer || !c.nesterov, "nesterov", c.nesterov, sgd_only);
   require(!c.nesterov || (c.momentum > 0 && c.dampening == 0), "nesterov", c.nesterov,
           "needs --momentum > 0 and --dampening 0 (torch.optim.SGD's rule)");
+}
+
+// The trust ratios' options (Note [Trust ratios] in optimizer.h), each for the one rule that
+// reads it: another rule would ignore the value silently.
+void validate_trust_ratios(const TrainConfig& c) {
+  const TrainConfig defaults;
+  const bool lamb = c.optimizer == OptimizerKind::kLamb;
+  const bool lars = c.optimizer == OptimizerKind::kLars;
+  require(std::isfinite(c.trust_coefficient) && c.trust_coefficient > 0, "trust-coefficient",
+          c.trust_coefficient, "must be a finite number > 0, e.g. 0.001");
+  require(std::isfinite(c.min_trust_ratio) && c.min_trust_ratio >= 0, "min-trust-ratio",
+          c.min_trust_ratio, "must be a finite number >= 0 (0 = no lower bound), e.g. 0.01");
+  require(c.max_trust_ratio == 0 ||
+              (std::isfinite(c.max_trust_ratio) && c.max_trust_ratio >= c.min_trust_ratio),
+          "max-trust-ratio", c.max_trust_ratio,
+          "must be 0 (no upper bound) or a finite number >= --min-trust-ratio (" +
+              format_value(c.min_trust_ratio) + "), e.g. 10");
+  require(lars || c.trust_coefficient == defaults.trust_coefficient, "trust-coefficient",
+          c.trust_coefficient, "applies to --optimizer lars only");
+  const std::string lamb_only = "applies to --optimizer lamb only";
+  require(lamb || c.min_trust_ratio == defaults.min_trust_ratio, "min-trust-ratio",
+          c.min_trust_ratio, lamb_only);
+  require(lamb || c.max_trust_ratio == defaults.max_trust_ratio, "max-trust-ratio",
+          c.max_trust_ratio, lamb_only);
+  require(lamb || c.lamb_bias_correction == defaults.lamb_bias_correction,
+          "lamb-bias-correction", c.lamb_bias_correction, lamb_only);
 }
 
 // The schedules' own options, where the schedule is chosen (LrSchedule checks the resolved ones).
@@ -726,41 +769,56 @@ void validate_schedule_shape(const TrainConfig& c) {
           "cycle-min-momentum", c.cycle_min_momentum,
           "needs 0 <= --cycle-min-momentum <= --cycle-max-momentum (" +
               format_value(c.cycle_max_momentum) + ") < 1");
-  require(!one_cycle || !c.cycle_momentum || c.optimizer != OptimizerKind::kSgd ||
+  require(!one_cycle || !c.cycle_momentum || keeps_adam_moments(c.optimizer) ||
               !c.nesterov || c.cycle_min_momentum > 0,
           "cycle-min-momentum", c.cycle_min_momentum, "must be > 0 with --nesterov");
   require(c.lr_gamma > 0 && c.lr_gamma <= 1, "lr-gamma", c.lr_gamma, "must be in (0, 1], e.g. 0.1");
-  const std::vector<int64_t> milestones = lr_milestone_steps(c.lr_milestones);
-  require(c.lr_schedule == LrScheduleKind::kMultiStep || milestones.empty(), "lr-milestones",
-          c.lr_milestones, "applies to --lr-schedule multistep only");
-  require(c.lr_schedule != LrScheduleKind::kMultiStep || !milestones.empty(), "lr-schedule",
-          c.lr_schedule, "multistep needs --lr-milestones, e.g. 3000,6000 (optimizer steps)");
+  const bool multistep = c.lr_schedule == LrScheduleKind::kMultiStep;
+  const bool in_steps = !lr_milestone_steps(c.lr_milestones).empty();
+  const bool in_epochs = !lr_milestone_epochs(c.lr_milestone_epochs).empty();
+  require(multistep || !in_steps, "lr-milestones", c.lr_milestones,
+          "applies to --lr-schedule multistep only");
+  require(multistep || !in_epochs, "lr-milestone-epochs", c.lr_milestone_epochs,
+          "applies to --lr-schedule multistep only");
+  require(!multistep || in_steps != in_epochs, "lr-schedule", c.lr_schedule,
+          "multistep needs either --lr-milestones (optimizer steps, e.g. 3000,6000) or "
+          "--lr-milestone-epochs (epochs, e.g. 30,60,80), not both");
+}
+
+// A comma-separated ascending list of integers >= 1, `unit` each, for --`option`.
+std::vector<int64_t> ascending_milestones(const std::string& text, const std::string& option,
+                                          const std::string& unit, const std::string& example) {
+  std::vector<int64_t> values;
+  if (text.empty()) return values;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    size_t used = 0;
+    int64_t value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 1 || (!values.empty() && value < values.back()))
+      throw ConfigError("--" + option + " " + text + ": '" + item + "' is not an " + unit +
+                        " >= 1 in ascending order (e.g. " + example + ")");
+    values.push_back(value);
+  }
+  if (static_cast<int>(values.size()) > LrScheduleParams::kMaxMilestones)
+    throw ConfigError("--" + option + " " + text + ": at most " +
+                      std::to_string(LrScheduleParams::kMaxMilestones) + " milestones");
+  return values;
 }
 
 }  // namespace
 
 std::vector<int64_t> lr_milestone_steps(const std::string& text) {
-  std::vector<int64_t> steps;
-  if (text.empty()) return steps;
-  std::stringstream items(text);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    size_t used = 0;
-    int64_t step = 0;
-    try {
-      step = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || step < 1 || (!steps.empty() && step < steps.back()))
-      throw ConfigError("--lr-milestones " + text + ": '" + item +
-                        "' is not an optimizer step >= 1 in ascending order (e.g. 3000,6000)");
-    steps.push_back(step);
-  }
-  if (static_cast<int>(steps.size()) > LrScheduleParams::kMaxMilestones)
-    throw ConfigError("--lr-milestones " + text + ": at most " +
-                      std::to_string(LrScheduleParams::kMaxMilestones) + " milestones");
-  return steps;
+  return ascending_milestones(text, "lr-milestones", "optimizer step", "3000,6000");
+}
+
+std::vector<int64_t> lr_milestone_epochs(const std::string& text) {
+  return ascending_milestones(text, "lr-milestone-epochs", "epoch", "30,60,80");
 }
 
 void validate(const TrainConfig& c) {
@@ -827,7 +885,8 @@ void validate(const TrainConfig& c) {
           "must be in [0, 1), e.g. 0.999 (0 = no EMA)");
   require(c.label_smoothing >= 0 && c.label_smoothing < 1, "label-smoothing", c.label_smoothing,
           "must be in [0, 1), e.g. 0.1 (0 = none)");
-  validate_sgd(c);
+  validate_momentum(c);
+  validate_trust_ratios(c);
   validate_schedule_shape(c);
   require(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage,
           "must be 0, 1 or 2 (stage 3, which partitions the parameters too, is not supported)");

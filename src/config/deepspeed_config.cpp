@@ -96,6 +96,10 @@ constexpr double kDsCycleMaxMom = 0.9;
 constexpr double kDsOneCycleBeta2 = 0.99;
 // torch.optim.SGD's defaults (DeepSpeed builds an optimizer it does not know by its torch name).
 constexpr double kDsSgdLr = 1e-3;
+// FusedLamb's bounds of the trust ratio; its lr, betas, eps and weight decay default as
+// FusedAdam's.
+constexpr double kDsLambMaxCoeff = 10.0;
+constexpr double kDsLambMinCoeff = 0.01;
 // DeepSpeed's warm-up divides by log(warmup_num_steps), so it lengthens shorter ones to 2 steps.
 constexpr int64_t kDsMinWarmupNumSteps = 2;
 
@@ -723,23 +727,34 @@ class Importer {
     std::string lower = type;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    // DeepSpeed has no LARS: no block's params are LARS's to map.
+    if (type_auto && config_.optimizer == OptimizerKind::kLars) {
+      throw ConfigError(where() + "'optimizer.type' is \"auto\" and --optimizer is lars, which "
+                        "DeepSpeed has no optimizer for; remove the 'optimizer' block (the "
+                        "LARS options then apply as given) or give a DeepSpeed type");
+    }
     // DeepSpeed compares optimizer names in lower case.
-    if (lower != "adam" && lower != "adamw" && lower != "sgd") {
+    if (lower != "adam" && lower != "adamw" && lower != "sgd" && lower != "lamb") {
       throw ConfigError(where() + "'optimizer.type' \"" + type +
                         "\" is not supported: hpc_train runs \"Adam\" (AdamW unless "
-                        "params.adam_w_mode is false, as in DeepSpeed), \"AdamW\" and \"SGD\"");
+                        "params.adam_w_mode is false, as in DeepSpeed), \"AdamW\", \"SGD\" and "
+                        "\"Lamb\"");
     }
     static const json kNoParams = json::object();
     const json* params_value = member(block, "params");
     const json& params = params_value ? object(*params_value, "optimizer.params") : kNoParams;
-    if (lower == "sgd") {
-      apply_sgd(params, type_auto);
-      return;
-    }
     if (member(params, "max_grad_norm")) {
       throw ConfigError(where() +
                         "'optimizer.params.max_grad_norm' is not an optimizer parameter "
                         "(DeepSpeed rejects it too); use the top-level \"gradient_clipping\"");
+    }
+    if (lower == "sgd") {
+      apply_sgd(params, type_auto);
+      return;
+    }
+    if (lower == "lamb") {
+      apply_lamb(params, type_auto);
+      return;
     }
     check_keys(params, "optimizer.params",
                {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"});
@@ -767,7 +782,12 @@ class Importer {
       set("optimizer", "optimizer.type", &TrainConfig::optimizer,
           adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam);
     }
+    apply_adam_params(params, torch_adam && adamw ? kDsTorchAdamWWeightDecay
+                                                  : kDsFusedAdamWeightDecay);
+  }
 
+  // The params that Adam and LAMB share: lr, betas, eps and weight_decay.
+  void apply_adam_params(const json& params, double ds_weight_decay) {
     set_number(params, "optimizer.params", "lr", "lr", &TrainConfig::lr, kDsAdamLr);
     const json* betas = member(params, "betas");
     if (betas && is_auto(*betas)) {
@@ -786,8 +806,59 @@ class Importer {
     }
     set_number(params, "optimizer.params", "eps", "eps", &TrainConfig::eps, kDsAdamEps);
     set_number(params, "optimizer.params", "weight_decay", "weight-decay",
-               &TrainConfig::weight_decay,
-               torch_adam && adamw ? kDsTorchAdamWWeightDecay : kDsFusedAdamWeightDecay);
+               &TrainConfig::weight_decay, ds_weight_decay);
+  }
+
+  // "Lamb" is DeepSpeed's FusedLamb (Note [Trust ratios] in optimizer.h): Adam's params, the
+  // trust ratio's bounds, and the bias correction in the step size.
+  void apply_lamb(const json& params, bool type_auto) {
+    check_keys(params, "optimizer.params",
+               {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff",
+                "min_coeff", "eps_inside_sqrt", "amsgrad"});
+    // Each would change the update; FusedLamb itself refuses amsgrad.
+    const std::pair<const char*, const char*> kRefused[] = {
+        {"eps_inside_sqrt", "hpc_train adds eps outside the square root, as FusedLamb does by "
+                            "default"},
+        {"amsgrad", "FusedLamb does not support it either"}};
+    for (const auto& [name, why] : kRefused) {
+      const std::string key = std::string("optimizer.params.") + name;
+      const json* value = member(params, name);
+      if (value && !auto_no_op(*value, key) && boolean(*value, key)) {
+        throw ConfigError(where() + "'" + key + "' true is not supported (" + why +
+                          "); remove the key or set it to false");
+      }
+    }
+    if (!type_auto) {
+      set("optimizer", "optimizer.type", &TrainConfig::optimizer, OptimizerKind::kLamb);
+    }
+    apply_adam_params(params, kDsFusedAdamWeightDecay);
+    // The command line's --optimizer won (set() said so): LAMB's own keys mean nothing to it.
+    if (config_.optimizer != OptimizerKind::kLamb) return;
+    // FusedLamb clamps the ratio to [min_coeff, max_coeff], so its max_coeff 0 makes every ratio
+    // min_coeff; hpc_train's 0 means no bound, another run.
+    if (const json* max_coeff = member(params, "max_coeff"); max_coeff && !is_auto(*max_coeff)) {
+      const double bound = number(*max_coeff, "optimizer.params.max_coeff");
+      if (bound <= 0) {
+        throw ConfigError(where() + "'optimizer.params.max_coeff' " + max_coeff->dump() +
+                          " must be > 0 (the trust ratio's upper bound; FusedLamb's default is "
+                          "10)");
+      }
+    }
+    set_number(params, "optimizer.params", "max_coeff", "max-trust-ratio",
+               &TrainConfig::max_trust_ratio, kDsLambMaxCoeff);
+    set_number(params, "optimizer.params", "min_coeff", "min-trust-ratio",
+               &TrainConfig::min_trust_ratio, kDsLambMinCoeff);
+    const json* correction = member(params, "bias_correction");
+    if (correction && left_to_us(*correction, "optimizer.params.bias_correction",
+                                 "lamb-bias-correction", &TrainConfig::lamb_bias_correction)) {
+      return;
+    }
+    const bool corrects =
+        correction ? boolean(*correction, "optimizer.params.bias_correction") : true;
+    set("lamb-bias-correction", "optimizer.params.bias_correction",
+        &TrainConfig::lamb_bias_correction,
+        corrects ? LambBiasCorrection::kStepSize : LambBiasCorrection::kNone,
+        correction != nullptr);
   }
 
   // DeepSpeed's warm-up is at least 2 steps long (it divides by log(warmup_num_steps)).
@@ -931,18 +1002,18 @@ class Importer {
     const bool cycles = cycle ? boolean(*cycle, "scheduler.params.cycle_momentum") : true;
     set("cycle-momentum", "scheduler.params.cycle_momentum", &TrainConfig::cycle_momentum, cycles,
         cycle != nullptr);
-    // Note [Cycled momentum] in lr_schedule.h: DeepSpeed sets Adam's beta2 to 0.99 while it
-    // cycles beta1, and does not cycle SGD's momentum (its SGD has no betas).
-    if (cycles && config_.optimizer != OptimizerKind::kSgd) {
+    // Note [Cycled momentum] in lr_schedule.h: DeepSpeed sets Adam's (and FusedLamb's) beta2 to
+    // 0.99 while it cycles beta1, and does not cycle SGD's momentum (its SGD has no betas).
+    if (cycles && keeps_adam_moments(config_.optimizer)) {
       if (config_.beta2 != kDsOneCycleBeta2) {
         warn("'optimizer.params.betas[1]' " + show(config_.beta2) + " becomes " +
              show(kDsOneCycleBeta2) + " under OneCycle's cycle_momentum, as in DeepSpeed");
       }
       set("beta2", "scheduler.params.cycle_momentum", &TrainConfig::beta2, kDsOneCycleBeta2);
     } else if (cycles) {
-      warn("OneCycle's cycle_momentum: DeepSpeed leaves SGD's momentum alone (it cycles only "
-           "betas), hpc_train cycles it as PyTorch's OneCycleLR does; give \"cycle_momentum\": "
-           "false for DeepSpeed's behaviour");
+      warn("OneCycle's cycle_momentum: DeepSpeed cycles only betas and leaves the momentum of " +
+           to_string(config_.optimizer) + " alone, hpc_train cycles it as PyTorch's OneCycleLR "
+           "does; give \"cycle_momentum\": false for DeepSpeed's behaviour");
     }
   }
 

@@ -150,6 +150,11 @@ __device__ void update_loss_scale(FusedStepState& state, bool overflow,
   ++state.scaler_steps;
 }
 
+// Adam's moments and beta1 (Adam, AdamW, LAMB), or SGD's momentum (SGD, LARS).
+__host__ __device__ bool adam_moments(FusedRule rule) {
+  return rule == FusedRule::kAdam || rule == FusedRule::kLamb;
+}
+
 // ZeroOptimizer::step's decisions, in the same order and in fp64 as there; the update scalars
 // are rounded to fp32 once, as ATen rounds adam_update's double scalars for fp32 tensors.
 __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_squares,
@@ -165,7 +170,7 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
   // Note [Cycled momentum] in lr_schedule.h: at the same step as the lr.
   const double momentum =
       momentum_at(options.lr_schedule, state.adam_steps,
-                  options.rule == FusedRule::kAdam ? options.beta1 : options.momentum);
+                  adam_moments(options.rule) ? options.beta1 : options.momentum);
   const bool overflow = options.check_overflow && !isfinite(squares);
   state.found_inf = overflow ? 1 : 0;
   state.grad_norm = 0.0;
@@ -188,6 +193,13 @@ __global__ void step_bookkeeping_kernel(const double* __restrict__ sum_of_square
       state.one_minus_momentum = static_cast<float>(1.0 - momentum);
       state.step_size = static_cast<float>(-state.lr / bias_correction1);
       state.sqrt_bias_correction2 = static_cast<float>(sqrt(bias_correction2));
+    } else if (options.rule == FusedRule::kLamb) {
+      const LambCorrection correction = lamb_correction(options.lamb_bias_correction, momentum,
+                                                        options.beta2, state.adam_steps);
+      state.one_minus_momentum = static_cast<float>(1.0 - momentum);
+      state.lamb_moment_scale = static_cast<float>(correction.moment_scale);
+      state.lamb_root_scale = static_cast<float>(correction.root_scale);
+      state.lamb_step = -state.lr * correction.step_scale;
     } else {
       const bool first = state.adam_steps == 1;
       state.step_size = static_cast<float>(-state.lr);
@@ -232,6 +244,8 @@ struct StepScalars {
   float gradient_share;
   float ema_keep;
   float ema_share;
+  float lamb_moment_scale;
+  float lamb_root_scale;
 };
 
 // One element of ZeroOptimizer::step + adam_update, operation for operation:
@@ -240,10 +254,11 @@ struct StepScalars {
 //   denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr / bc1)
 struct AdamRule {
   static constexpr int kBuffers = 2;  // exp_avg, exp_avg_sq
+  static constexpr bool kReadsGradient = true;
   AdamConstants c;
   __device__ __forceinline__ void operator()(float grad, float& weight, float& exp_avg,
                                              float& exp_avg_sq, const StepScalars& s,
-                                             bool decays) const {
+                                             bool decays, float) const {
     float g = grad * s.grad_multiplier;
     if (c.has_weight_decay && decays) {
       if (c.decoupled) weight = weight * s.decay_factor;
@@ -256,22 +271,59 @@ struct AdamRule {
   }
 };
 
-// One element of ZeroOptimizer::step + sgd_update, operation for operation:
-//   grads.mul_(multiplier); d = g.add(p, wd); buf.mul_(momentum).add_(d, 1 - dampening)
-//   (step 1: buf = d); d = nesterov ? d.add(buf, momentum) : buf; p.add_(d, -lr)
+// One element of ZeroOptimizer::step + sgd_update (lars_update with the segment's ratio),
+// operation for operation:
+//   grads.mul_(multiplier); d = g.add(p, wd) (LARS: .mul_(ratio));
+//   buf.mul_(momentum).add_(d, 1 - dampening) (step 1: buf = d);
+//   d = nesterov ? d.add(buf, momentum) : buf; p.add_(d, -lr)
 template <bool kMomentum>
 struct SgdRule {
   static constexpr int kBuffers = kMomentum ? 1 : 0;  // the momentum buffer
+  static constexpr bool kReadsGradient = true;
   SgdConstants c;
   __device__ __forceinline__ void operator()(float grad, float& weight, float& buffer, float&,
-                                             const StepScalars& s, bool decays) const {
+                                             const StepScalars& s, bool decays,
+                                             float ratio) const {
     float d = grad * s.grad_multiplier;
     if (c.has_weight_decay && decays) d = d + c.weight_decay * weight;
+    d = d * ratio;  // LARS's trust ratio; 1 for SGD
     if constexpr (kMomentum) {
       buffer = buffer * s.buffer_keep + s.gradient_share * d;
       d = c.nesterov ? d + s.momentum * buffer : buffer;
     }
     weight = weight + s.step_size * d;
+  }
+};
+
+struct LambConstants {
+  float beta2;
+  float one_minus_beta2;
+  float eps;
+  float weight_decay;
+  bool has_weight_decay;
+};
+
+// LAMB's direction from the moments, as lamb_direction (optimizer.cpp) computes it:
+//   u = m.mul(moment_scale).div_(v.sqrt().mul_(root_scale).add_(eps)); u.add_(p, wd)
+__device__ __forceinline__ float lamb_direction(float weight, float exp_avg, float exp_avg_sq,
+                                                const LambConstants& c, float moment_scale,
+                                                float root_scale, bool decays) {
+  float u = (exp_avg * moment_scale) / (sqrtf(exp_avg_sq) * root_scale + c.eps);
+  if (c.has_weight_decay && decays) u = u + c.weight_decay * weight;
+  return u;
+}
+
+// LAMB's second half, as layer_adaptive_step's: the moments moved in launch_trust_sums, and the
+// segment's ratio is the step's whole multiplier (ratio x -lr x step_scale): p.add_(u, ratio).
+struct LambRule {
+  static constexpr int kBuffers = 2;  // exp_avg, exp_avg_sq (read only here)
+  static constexpr bool kReadsGradient = false;
+  LambConstants c;
+  __device__ __forceinline__ void operator()(float, float& weight, float& exp_avg,
+                                             float& exp_avg_sq, const StepScalars& s,
+                                             bool decays, float ratio) const {
+    weight = weight + ratio * lamb_direction(weight, exp_avg, exp_avg_sq, c, s.lamb_moment_scale,
+                                             s.lamb_root_scale, decays);
   }
 };
 
@@ -287,6 +339,7 @@ struct UpdateArguments {
   const FusedSegment* segments;
   int num_segments;
   const FusedStepState* state;
+  const float* segment_ratios;  // LAMB, LARS: per segment (Note [Trust ratios]); nullptr: 1
 };
 
 // No __restrict__ on the written arrays: with an fp32 model the weights are the parameters.
@@ -297,14 +350,16 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
   const StepScalars s{st.grad_multiplier, st.decay_factor,       st.step_size,
                       st.sqrt_bias_correction2, st.momentum,  st.one_minus_momentum,
                       st.buffer_keep,     st.gradient_share,   st.ema_keep,
-                      st.ema_share};
+                      st.ema_share,       st.lamb_moment_scale, st.lamb_root_scale};
   constexpr int kBuffers = Rule::kBuffers;
   const bool separate_master = a.master != nullptr;
   const int64_t thread = first_thread();
   const int64_t threads = thread_count();
   for (int seg = 0; seg < a.num_segments; ++seg) {
     const FusedSegment segment = a.segments[seg];
-    const G* g = a.grads + segment.grad_offset;
+    // LAMB's update reads no gradient (its moments moved in the sums' pass): g stays null.
+    const G* g = Rule::kReadsGradient ? a.grads + segment.grad_offset : nullptr;
+    const float ratio = a.segment_ratios ? a.segment_ratios[seg] : 1.0f;
     T* p = a.params + segment.param_offset;
     float* w;
     if constexpr (std::is_same<T, float>::value)
@@ -321,7 +376,8 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
       float first = 0.0f, second = 0.0f;
       if constexpr (kBuffers > 0) first = b0[i];
       if constexpr (kBuffers > 1) second = b1[i];
-      rule(to_float(g[i]), weight, first, second, s, mask == nullptr || mask[i]);
+      rule(g ? to_float(g[i]) : 0.0f, weight, first, second, s, mask == nullptr || mask[i],
+           ratio);
       w[i] = weight;
       if (ema) ema[i] = ema[i] * s.ema_keep + s.ema_share * weight;
       if constexpr (kBuffers > 0) b0[i] = first;
@@ -329,8 +385,9 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
       if (separate_master) p[i] = from_float<T>(weight);
     };
 
-    const int64_t misaligned_by = misalignment(g);
-    bool vectorised = misalignment(p) == misaligned_by && misalignment(w) == misaligned_by;
+    const int64_t misaligned_by = misalignment(w);
+    bool vectorised = misalignment(p) == misaligned_by;
+    if (g) vectorised = vectorised && misalignment(g) == misaligned_by;
     if constexpr (kBuffers > 0) vectorised = vectorised && misalignment(b0) == misaligned_by;
     if constexpr (kBuffers > 1) vectorised = vectorised && misalignment(b1) == misaligned_by;
     if (mask) vectorised = vectorised && misalignment(mask) == misaligned_by;
@@ -342,7 +399,8 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
     const int64_t vectors = (segment.numel - head) / kVectorElements;
     for (int64_t j = thread; j < vectors; j += threads) {
       const int64_t i = head + j * kVectorElements;
-      const Vector<G> gv = *reinterpret_cast<const Vector<G>*>(g + i);
+      Vector<G> gv{};
+      if (g) gv = *reinterpret_cast<const Vector<G>*>(g + i);
       Vector<float> wv = *reinterpret_cast<const Vector<float>*>(w + i);
       Vector<float> first{}, second{};
       if constexpr (kBuffers > 0) first = *reinterpret_cast<const Vector<float>*>(b0 + i);
@@ -352,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
 #pragma unroll
       for (int k = 0; k < kVectorElements; ++k)
         rule(to_float(gv.element[k]), wv.element[k], first.element[k], second.element[k], s,
-             mask == nullptr || decays.element[k]);
+             mask == nullptr || decays.element[k], ratio);
       *reinterpret_cast<Vector<float>*>(w + i) = wv;
       if (ema) {
         Vector<float> ev = *reinterpret_cast<const Vector<float>*>(ema + i);
@@ -375,12 +433,152 @@ __global__ void __launch_bounds__(kThreads) update_kernel(UpdateArguments<G, T> 
   }
 }
 
+LambConstants lamb_constants(const FusedStepOptions& options) {
+  return {static_cast<float>(options.beta2), static_cast<float>(1.0 - options.beta2),
+          static_cast<float>(options.eps), static_cast<float>(options.weight_decay),
+          options.weight_decay != 0.0};
+}
+
+// Two block sums at once (block_sum's fixed order), valid in thread 0; ends with the block in
+// step, so that it can be called again at once.
+__device__ void block_sums(double& a, double& b) {
+  __shared__ double warp_sums[2][kThreads / kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    a += __shfl_down_sync(0xffffffffu, a, offset);
+    b += __shfl_down_sync(0xffffffffu, b, offset);
+  }
+  if (lane == 0) {
+    warp_sums[0][warp] = a;
+    warp_sums[1][warp] = b;
+  }
+  __syncthreads();
+  a = 0.0;
+  b = 0.0;
+  if (warp == 0) {
+    if (lane < kThreads / kWarpSize) {
+      a = warp_sums[0][lane];
+      b = warp_sums[1][lane];
+    }
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      a += __shfl_down_sync(0xffffffffu, a, offset);
+      b += __shfl_down_sync(0xffffffffu, b, offset);
+    }
+  }
+  __syncthreads();
+}
+
+template <typename G>
+struct TrustSumsArguments {
+  const G* grads;
+  const float* weights;  // the master weights (master_offset), or the fp32 parameters (param_offset)
+  bool master;
+  float* exp_avg;        // LAMB's moments; nullptr for LARS
+  float* exp_avg_sq;
+  const FusedSegment* segments;
+  const FusedTrustSegment* trust_segments;
+  int num_segments;
+  const FusedStepState* state;
+  double* segment_partials;  // [gridDim.x, num_segments, 2]
+};
+
+// Note [Trust ratios]: each block's sums of w^2 and of LAMB's u^2 (moving the moments as
+// lamb_direction does) or LARS's (g x multiplier)^2, per segment. Element by element: LAMB and
+// LARS are not the step's hot path.
+template <typename G, bool kLamb>
+__global__ void __launch_bounds__(kThreads)
+    trust_sums_kernel(TrustSumsArguments<G> a, LambConstants c) {
+  if (a.state->found_inf) return;
+  const FusedStepState& st = *a.state;
+  const int64_t thread = first_thread();
+  const int64_t threads = thread_count();
+  for (int seg = 0; seg < a.num_segments; ++seg) {
+    const FusedSegment segment = a.segments[seg];
+    const bool decays = (a.trust_segments[seg].flags & kTrustDecays) != 0;
+    const G* g = a.grads + segment.grad_offset;
+    const float* w = a.weights + (a.master ? segment.master_offset : segment.param_offset);
+    double weight_squares = 0.0, other_squares = 0.0;
+    for (int64_t i = thread; i < segment.numel; i += threads) {
+      const float weight = w[i];
+      const float grad = to_float(g[i]) * st.grad_multiplier;
+      float measured = grad;
+      if constexpr (kLamb) {
+        float* m = a.exp_avg + segment.master_offset;
+        float* v = a.exp_avg_sq + segment.master_offset;
+        const float exp_avg = m[i] * st.momentum + st.one_minus_momentum * grad;
+        const float exp_avg_sq = v[i] * c.beta2 + c.one_minus_beta2 * grad * grad;
+        m[i] = exp_avg;
+        v[i] = exp_avg_sq;
+        measured = lamb_direction(weight, exp_avg, exp_avg_sq, c, st.lamb_moment_scale,
+                                  st.lamb_root_scale, decays);
+      }
+      weight_squares += squared(weight);
+      other_squares += squared(measured);
+    }
+    block_sums(weight_squares, other_squares);
+    if (threadIdx.x == 0) {
+      double* partial = a.segment_partials + (static_cast<int64_t>(blockIdx.x) * a.num_segments + seg) * 2;
+      partial[0] = weight_squares;
+      partial[1] = other_squares;
+    }
+  }
+}
+
+// One block per segment: the blocks' partial sums, in block order, into its parameter's place.
+__global__ void __launch_bounds__(kThreads)
+    finish_trust_sums_kernel(const double* __restrict__ segment_partials, int num_partials,
+                             const FusedTrustSegment* __restrict__ trust_segments,
+                             int num_segments, int num_parameters,
+                             const FusedStepState* __restrict__ state,
+                             double* __restrict__ parameter_squares) {
+  if (state->found_inf) return;
+  const int seg = blockIdx.x;
+  double weight_squares = 0.0, other_squares = 0.0;
+  for (int b = threadIdx.x; b < num_partials; b += kThreads) {
+    const double* partial = segment_partials + (static_cast<int64_t>(b) * num_segments + seg) * 2;
+    weight_squares += partial[0];
+    other_squares += partial[1];
+  }
+  block_sums(weight_squares, other_squares);
+  if (threadIdx.x == 0) {
+    const int p = trust_segments[seg].parameter;
+    parameter_squares[p] = weight_squares;
+    parameter_squares[num_parameters + p] = other_squares;
+  }
+}
+
+// layer_adaptive_step's ratios (trust_ratio.h), one thread per segment.
+__global__ void __launch_bounds__(kThreads)
+    trust_ratios_kernel(const double* __restrict__ parameter_squares,
+                        const FusedTrustSegment* __restrict__ trust_segments, int num_segments,
+                        int num_parameters, const FusedStepState* __restrict__ state,
+                        FusedStepOptions options, float* __restrict__ segment_ratios) {
+  if (state->found_inf) return;
+  for (int seg = threadIdx.x; seg < num_segments; seg += kThreads) {
+    const FusedTrustSegment trust = trust_segments[seg];
+    const double weight_norm = sqrt(parameter_squares[trust.parameter]);
+    const double other_norm = sqrt(parameter_squares[num_parameters + trust.parameter]);
+    double ratio = 1.0;
+    if (options.rule == FusedRule::kLamb) {
+      ratio = state->lamb_step * lamb_trust_ratio(weight_norm, other_norm, options.min_trust_ratio,
+                                                  options.max_trust_ratio);
+    } else if (trust.flags & kTrustAdapts) {
+      const double weight_decay = (trust.flags & kTrustDecays) ? options.weight_decay : 0.0;
+      ratio = lars_trust_ratio(weight_norm, other_norm, options.trust_coefficient, weight_decay,
+                               options.eps);
+    }
+    segment_ratios[seg] = static_cast<float>(ratio);
+  }
+}
+
 // Checks the dtypes and launches `rule`'s update over the segments.
 template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                    float* master, float* buffer0, float* buffer1, const bool* decay_mask,
                    float* ema, const FusedSegment* segments, int num_segments, int grid_blocks,
-                   const FusedStepState* state, const Rule& rule, cudaStream_t stream);
+                   const FusedStepState* state, const Rule& rule, cudaStream_t stream,
+                   const float* segment_ratios = nullptr);
 
 void check_grid(int num_segments, int grid_blocks, const char* what) {
   if (num_segments < 1 || grid_blocks < 1)
@@ -453,7 +651,8 @@ void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, 
                        float* master, float* momentum_buffer, const bool* decay_mask,
                        float* ema, const FusedSegment* segments, int num_segments,
                        int grid_blocks, const FusedStepState* state,
-                       const FusedStepOptions& options, cudaStream_t stream) {
+                       const FusedStepOptions& options, cudaStream_t stream,
+                       const float* segment_ratios) {
   check_grid(num_segments, grid_blocks, "the SGD update");
   if ((momentum_buffer != nullptr) != options.momentum_buffer)
     throw Error("fused optimizer: SGD's momentum buffer is given exactly when the options keep one");
@@ -462,11 +661,66 @@ void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, 
   if (options.momentum_buffer)
     launch_update(grads, grad_dtype, params, dtype, master, momentum_buffer, nullptr, decay_mask,
                   ema, segments, num_segments, grid_blocks, state, SgdRule<true>{constants},
-                  stream);
+                  stream, segment_ratios);
   else
     launch_update(grads, grad_dtype, params, dtype, master, nullptr, nullptr, decay_mask,
                   ema, segments, num_segments, grid_blocks, state, SgdRule<false>{constants},
-                  stream);
+                  stream, segment_ratios);
+}
+
+void launch_lamb_update(void* params, KernelDtype dtype, float* master, float* exp_avg,
+                        float* exp_avg_sq, const bool* decay_mask, float* ema,
+                        const FusedSegment* segments, int num_segments, int grid_blocks,
+                        const FusedStepState* state, const FusedStepOptions& options,
+                        const float* segment_ratios, cudaStream_t stream) {
+  check_grid(num_segments, grid_blocks, "the LAMB update");
+  // No gradient is read: the parameters' dtype stands in for its type.
+  launch_update(nullptr, dtype, params, dtype, master, exp_avg, exp_avg_sq, decay_mask, ema,
+                segments, num_segments, grid_blocks, state, LambRule{lamb_constants(options)},
+                stream, segment_ratios);
+}
+
+void launch_trust_sums(const void* grads, KernelDtype grad_dtype, const void* params,
+                       KernelDtype dtype, const float* master, float* exp_avg, float* exp_avg_sq,
+                       const FusedSegment* segments, const FusedTrustSegment* trust_segments,
+                       int num_segments, int num_parameters, int grid_blocks,
+                       const FusedStepState* state, const FusedStepOptions& options,
+                       double* segment_partials, double* parameter_squares, cudaStream_t stream) {
+  check_grid(num_segments, grid_blocks, "the trust ratios' sums");
+  if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
+    throw Error("fused optimizer: fp16/bf16 parameters need fp32 master weights, and fp32 "
+                "parameters are their own");
+  const bool lamb = options.rule == FusedRule::kLamb;
+  if (lamb != (exp_avg != nullptr && exp_avg_sq != nullptr))
+    throw Error("fused optimizer: LAMB's sums move its moments, and only LAMB's do");
+  CUDA_CHECK(cudaMemsetAsync(parameter_squares, 0, 2 * sizeof(double) * num_parameters, stream));
+  // The weights: the master weights, or the fp32 parameters themselves.
+  const float* weights = master ? master : static_cast<const float*>(params);
+  const LambConstants constants = lamb_constants(options);
+  with_element_type(grad_dtype, [&](auto grad_element) {
+    using G = decltype(grad_element);
+    const TrustSumsArguments<G> a{static_cast<const G*>(grads), weights, master != nullptr,
+                                  exp_avg, exp_avg_sq, segments, trust_segments, num_segments,
+                                  state, segment_partials};
+    if (lamb)
+      trust_sums_kernel<G, true><<<grid_blocks, kThreads, 0, stream>>>(a, constants);
+    else
+      trust_sums_kernel<G, false><<<grid_blocks, kThreads, 0, stream>>>(a, constants);
+  });
+  CUDA_CHECK(cudaGetLastError());
+  finish_trust_sums_kernel<<<num_segments, kThreads, 0, stream>>>(
+      segment_partials, grid_blocks, trust_segments, num_segments, num_parameters, state,
+      parameter_squares);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_trust_ratios(const double* parameter_squares, const FusedTrustSegment* trust_segments,
+                         int num_segments, int num_parameters, const FusedStepState* state,
+                         const FusedStepOptions& options, float* segment_ratios,
+                         cudaStream_t stream) {
+  trust_ratios_kernel<<<1, kThreads, 0, stream>>>(parameter_squares, trust_segments, num_segments,
+                                                  num_parameters, state, options, segment_ratios);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 namespace {
@@ -475,7 +729,8 @@ template <typename Rule>
 void launch_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                    float* master, float* buffer0, float* buffer1, const bool* decay_mask,
                    float* ema, const FusedSegment* segments, int num_segments, int grid_blocks,
-                   const FusedStepState* state, const Rule& rule, cudaStream_t stream) {
+                   const FusedStepState* state, const Rule& rule, cudaStream_t stream,
+                   const float* segment_ratios) {
   if (grad_dtype != dtype && grad_dtype != KernelDtype::kFloat32)
     throw Error("fused optimizer: gradients must be of the parameters' dtype or fp32");
   if ((master == nullptr) != (dtype == KernelDtype::kFloat32))
@@ -486,7 +741,7 @@ void launch_update(const void* grads, KernelDtype grad_dtype, void* params, Kern
     using T = decltype(element);
     const UpdateArguments<G, T> arguments{static_cast<const G*>(grads), static_cast<T*>(params),
                                           master, {buffer0, buffer1}, decay_mask, ema,
-                                          segments, num_segments, state};
+                                          segments, num_segments, state, segment_ratios};
     update_kernel<G, T, Rule><<<grid_blocks, kThreads, 0, stream>>>(arguments, rule);
   };
   with_element_type(dtype, [&](auto element) {

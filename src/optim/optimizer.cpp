@@ -20,6 +20,17 @@ at::Tensor with_l2_term(const at::Tensor& grads, const at::Tensor& parameters,
   return decay_mask.defined() ? at::where(decay_mask, decayed, grads) : decayed;
 }
 
+// SGD's momentum and step from a direction that holds the weight decay already.
+void momentum_step(at::Tensor parameters, at::Tensor direction, at::Tensor momentum_buffer,
+                   int64_t step, double lr, double momentum, const OptimizerOptions& options) {
+  if (momentum_buffer.defined()) {
+    if (step == 1) momentum_buffer.copy_(direction);
+    else momentum_buffer.mul_(momentum).add_(direction, 1.0 - options.dampening);
+    direction = options.nesterov ? direction.add(momentum_buffer, momentum) : momentum_buffer;
+  }
+  parameters.add_(direction, -lr);
+}
+
 }  // namespace
 
 void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_avg,
@@ -51,12 +62,28 @@ void sgd_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor momen
   at::Tensor direction = grads;
   if (options.weight_decay != 0.0)
     direction = with_l2_term(grads, parameters, options.weight_decay, decay_mask);
-  if (momentum_buffer.defined()) {
-    if (step == 1) momentum_buffer.copy_(direction);
-    else momentum_buffer.mul_(momentum).add_(direction, 1.0 - options.dampening);
-    direction = options.nesterov ? direction.add(momentum_buffer, momentum) : momentum_buffer;
-  }
-  parameters.add_(direction, -lr);
+  momentum_step(parameters, direction, momentum_buffer, step, lr, momentum, options);
+}
+
+at::Tensor lamb_direction(const at::Tensor& parameters, const at::Tensor& grads,
+                          at::Tensor exp_avg, at::Tensor exp_avg_sq, double beta1,
+                          const LambCorrection& correction, const OptimizerOptions& options,
+                          bool decays) {
+  exp_avg.mul_(beta1).add_(grads, 1.0 - beta1);
+  exp_avg_sq.mul_(options.beta2).addcmul_(grads, grads, 1.0 - options.beta2);
+  at::Tensor direction = exp_avg.mul(correction.moment_scale)
+                             .div_(exp_avg_sq.sqrt().mul_(correction.root_scale).add_(options.eps));
+  if (decays && options.weight_decay != 0.0) direction.add_(parameters, options.weight_decay);
+  return direction;
+}
+
+void lars_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor momentum_buffer,
+                 int64_t step, double lr, double momentum, const OptimizerOptions& options,
+                 double weight_decay, double trust_ratio) {
+  // timm's Lars: grad.add_(p, alpha=weight_decay).mul_(trust_ratio), then SGD's momentum.
+  at::Tensor direction = weight_decay != 0.0 ? grads.add(parameters, weight_decay) : grads.clone();
+  direction.mul_(trust_ratio);
+  momentum_step(parameters, direction, momentum_buffer, step, lr, momentum, options);
 }
 
 }  // namespace hpc_train

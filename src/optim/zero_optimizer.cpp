@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -216,6 +217,11 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   if (multiplier != 1.0) grads.mul_(multiplier);
   ++steps_;
 
+  if (options_.optimizer.layer_adaptive()) {
+    layer_adaptive_step(grads, lr);
+    if (partitioned()) outcome.gather_ms = all_gather_parameters();
+    return outcome;
+  }
   const OptimizerOptions& rule = options_.optimizer;
   const auto update = [&](at::Tensor target, const at::Tensor& g, at::Tensor first,
                           at::Tensor second, const at::Tensor& mask) {
@@ -225,13 +231,6 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   // A buffer the rule does not keep stays undefined in its slices too.
   const auto slice_of = [](const at::Tensor& t, const Partition::Slice& slice) {
     return t.defined() ? partition_slice(t, slice) : at::Tensor();
-  };
-  // Note [Weight EMA]: AveragedModel's avg_fn, d x ema + (1 - d) x weights, products rounded
-  // apart as there; the first step copies.
-  const auto move_ema = [&](at::Tensor ema, const at::Tensor& weights) {
-    if (!ema.defined()) return;
-    if (steps_ == 1) ema.copy_(weights);
-    else ema.mul_(options_.ema_decay).add_(weights * (1.0 - options_.ema_decay));
   };
   if (!partitioned()) {
     at::Tensor target = master_.defined() ? master_ : flat_.values();
@@ -250,6 +249,108 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
   }
   outcome.gather_ms = all_gather_parameters();
   return outcome;
+}
+
+void ZeroOptimizer::move_ema(at::Tensor ema, const at::Tensor& weights) const {
+  // Note [Weight EMA]: AveragedModel's avg_fn, d x ema + (1 - d) x weights, products rounded
+  // apart as there; the first step copies.
+  if (!ema.defined()) return;
+  if (steps_ == 1) ema.copy_(weights);
+  else ema.mul_(options_.ema_decay).add_(weights * (1.0 - options_.ema_decay));
+}
+
+std::vector<ZeroOptimizer::ParameterPiece> ZeroOptimizer::parameter_pieces() const {
+  const std::vector<BucketLayout::Slot>& slots = flat_.layout().slots;
+  std::vector<ParameterPiece> pieces;
+  if (!partitioned()) {
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].numel > 0)
+        pieces.push_back({static_cast<int>(i), slots[i].offset, slots[i].offset, slots[i].numel});
+  } else {
+    for (const Partition::Slice& slice : reducer_.partition().slices) {
+      const int64_t slice_end = slice.flat_offset + slice.numel;
+      std::vector<ParameterPiece> in_slice;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const int64_t first = std::max(slots[i].offset, slice.flat_offset);
+        const int64_t end = std::min(slots[i].offset + slots[i].numel, slice_end);
+        if (first < end)
+          in_slice.push_back({static_cast<int>(i),
+                              slice.partition_offset + (first - slice.flat_offset), first,
+                              end - first});
+      }
+      std::sort(in_slice.begin(), in_slice.end(),
+                [](const ParameterPiece& a, const ParameterPiece& b) {
+                  return a.flat_offset < b.flat_offset;
+                });
+      pieces.insert(pieces.end(), in_slice.begin(), in_slice.end());
+    }
+  }
+  return pieces;
+}
+
+bool ZeroOptimizer::decays(int parameter) const {
+  return !options_.no_decay_below_2d || flat_.parameters()[parameter].dim() >= 2;
+}
+
+void ZeroOptimizer::layer_adaptive_step(const at::Tensor& grads, double lr) {
+  // Note [Trust ratios]: every piece's direction and sums of squares first; the ratios once
+  // the sums are whole; then the updates.
+  const OptimizerOptions& rule = options_.optimizer;
+  const bool lamb = rule.kind == OptimizerKind::kLamb;
+  const LambCorrection correction =
+      lamb_correction(rule.lamb_bias_correction, host_momentum_, rule.beta2, steps_);
+  const std::vector<ParameterPiece> pieces = parameter_pieces();
+  const size_t parameters = flat_.parameters().size();
+  // Per parameter: |w|^2, then |u|^2 (LAMB) or |g|^2 (LARS).
+  std::vector<double> squares(2 * parameters, 0.0);
+  const auto state_of = [](const at::Tensor& t, const ParameterPiece& piece) {
+    return t.defined() ? t.narrow(0, piece.state_offset, piece.numel) : at::Tensor();
+  };
+  const auto weights_of = [&](const ParameterPiece& piece) {
+    return master_.defined() ? state_of(master_, piece)
+                             : flat_.values().narrow(0, piece.flat_offset, piece.numel);
+  };
+  const auto sum_of_squares = [](const at::Tensor& t) {
+    return t.to(at::kDouble).square().sum().item<double>();
+  };
+  std::vector<at::Tensor> directions;  // LAMB's u, per piece
+  for (const ParameterPiece& piece : pieces) {
+    const at::Tensor weights = weights_of(piece);
+    const at::Tensor piece_grads = state_of(grads, piece);
+    at::Tensor measured = piece_grads;
+    if (lamb) {
+      measured = lamb_direction(weights, piece_grads, state_of(exp_avg_, piece),
+                                state_of(exp_avg_sq_, piece), host_momentum_, correction, rule,
+                                decays(piece.parameter));
+      directions.push_back(measured);
+    }
+    squares[piece.parameter] += sum_of_squares(weights);
+    squares[parameters + piece.parameter] += sum_of_squares(measured);
+  }
+  if (partitioned() && comm_.size() > 1) comm_.all_reduce_doubles(squares);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const ParameterPiece& piece = pieces[k];
+    const int p = piece.parameter;
+    const double weight_norm = std::sqrt(squares[p]);
+    const double other_norm = std::sqrt(squares[parameters + p]);
+    at::Tensor weights = weights_of(piece);
+    if (lamb) {
+      const double ratio = lamb_trust_ratio(weight_norm, other_norm, rule.min_trust_ratio,
+                                            rule.max_trust_ratio);
+      weights.add_(directions[k], -lr * correction.step_scale * ratio);
+    } else {
+      const double weight_decay = decays(p) ? rule.weight_decay : 0.0;
+      const bool adapts = flat_.parameters()[p].dim() >= 2;
+      const double ratio = adapts ? lars_trust_ratio(weight_norm, other_norm,
+                                                     rule.trust_coefficient, weight_decay, rule.eps)
+                                  : 1.0;
+      lars_update(weights, state_of(grads, piece), state_of(exp_avg_, piece), steps_, lr,
+                  host_momentum_, rule, weight_decay, ratio);
+    }
+    move_ema(state_of(ema_, piece), weights);
+    if (master_.defined())
+      flat_.values().narrow(0, piece.flat_offset, piece.numel).copy_(weights);
+  }
 }
 
 int64_t ZeroOptimizer::state_bytes() const {

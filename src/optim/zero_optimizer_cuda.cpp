@@ -30,7 +30,12 @@ KernelDtype fused_dtype(const at::Tensor& values) {
 FusedStepOptions fused_step_options(const ZeroOptions& zero, bool momentum_buffer) {
   const OptimizerOptions& rule = zero.optimizer;
   FusedStepOptions options;
-  options.rule = rule.adam() ? FusedRule::kAdam : FusedRule::kSgd;
+  switch (rule.kind) {
+    case OptimizerKind::kSgd: options.rule = FusedRule::kSgd; break;
+    case OptimizerKind::kLamb: options.rule = FusedRule::kLamb; break;
+    case OptimizerKind::kLars: options.rule = FusedRule::kLars; break;
+    default: options.rule = FusedRule::kAdam;
+  }
   options.beta1 = rule.beta1;
   options.momentum = rule.momentum;
   options.dampening = rule.dampening;
@@ -41,6 +46,10 @@ FusedStepOptions fused_step_options(const ZeroOptions& zero, bool momentum_buffe
   options.eps = rule.eps;
   options.weight_decay = rule.weight_decay;
   options.decoupled_weight_decay = rule.decoupled_weight_decay();
+  options.trust_coefficient = rule.trust_coefficient;
+  options.min_trust_ratio = rule.min_trust_ratio;
+  options.max_trust_ratio = rule.max_trust_ratio;
+  options.lamb_bias_correction = rule.lamb_bias_correction;
   options.clip_grad = zero.clip_grad;
   options.check_overflow = zero.check_overflow;
   if (zero.lr_schedule) {
@@ -110,12 +119,23 @@ void ZeroOptimizer::prepare_device_layout() {
   const c10::cuda::CUDAGuard guard(flat_.values().device());
   const Partition& partition = reducer_.partition();
   std::vector<FusedSegment> segments;
-  if (!partitioned()) {
+  std::vector<FusedTrustSegment> trust_segments;
+  // Stage 2's gradients are the reducer's partition, laid out as the moments are.
+  const bool grads_in_partition = partitioned() && options_.stage == 2;
+  if (options_.optimizer.layer_adaptive()) {
+    // Note [Trust ratios]: a segment per parameter piece, never merged.
+    for (const ParameterPiece& piece : parameter_pieces()) {
+      segments.push_back({piece.numel, grads_in_partition ? piece.state_offset : piece.flat_offset,
+                          piece.state_offset, piece.flat_offset});
+      int32_t flags = decays(piece.parameter) ? kTrustDecays : 0;
+      if (flat_.parameters()[piece.parameter].dim() >= 2) flags |= kTrustAdapts;
+      trust_segments.push_back({piece.parameter, flags});
+    }
+  } else if (!partitioned()) {
     segments.push_back({partition.flat_numel, 0, 0, 0});
   } else {
     for (const Partition::Slice& slice : partition.slices) {
-      // Stage 2's gradients are the reducer's partition, laid out as the moments are.
-      const int64_t grad_offset = options_.stage == 2 ? slice.partition_offset : slice.flat_offset;
+      const int64_t grad_offset = grads_in_partition ? slice.partition_offset : slice.flat_offset;
       append_segment(segments,
                      {slice.numel, grad_offset, slice.partition_offset, slice.flat_offset});
     }
@@ -126,8 +146,19 @@ void ZeroOptimizer::prepare_device_layout() {
   std::memcpy(table.data_ptr(), segments.data(), segments.size() * sizeof(FusedSegment));
   segments_ = table.to(flat_.values().device());
   device_grid_blocks_ = fused_grid_blocks(partition_numel);
-  block_partials_ = at::empty({device_grid_blocks_},
-                              at::TensorOptions().dtype(at::kDouble).device(flat_.values().device()));
+  const at::TensorOptions on_gpu = at::TensorOptions().device(flat_.values().device());
+  block_partials_ = at::empty({device_grid_blocks_}, on_gpu.dtype(at::kDouble));
+  if (!trust_segments.empty()) {
+    const int64_t count = static_cast<int64_t>(trust_segments.size());
+    at::Tensor trust_table = at::empty({count, 2}, at::kInt);
+    std::memcpy(trust_table.data_ptr(), trust_segments.data(),
+                trust_segments.size() * sizeof(FusedTrustSegment));
+    trust_segments_ = trust_table.to(flat_.values().device());
+    segment_partials_ = at::empty({device_grid_blocks_, count, 2}, on_gpu.dtype(at::kDouble));
+    parameter_squares_ = at::zeros({2, static_cast<int64_t>(flat_.parameters().size())},
+                                   on_gpu.dtype(at::kDouble));
+    segment_ratios_ = at::ones({count}, on_gpu.dtype(at::kFloat));
+  }
 }
 
 void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
@@ -160,7 +191,19 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
   float* master = master_.defined() ? master_.data_ptr<float>() : nullptr;
   const bool* decay_mask = decay_mask_.defined() ? decay_mask_.data_ptr<bool>() : nullptr;
   float* ema = ema_.defined() ? ema_.data_ptr<float>() : nullptr;
-  if (options_.optimizer.adam()) {
+  if (options_.optimizer.layer_adaptive()) {
+    enqueue_trust_ratios(grads, grad_dtype, dtype, options);
+    const float* ratios = segment_ratios_.data_ptr<float>();
+    if (options.rule == FusedRule::kLamb)
+      launch_lamb_update(flat_.values().data_ptr(), dtype, master, exp_avg_.data_ptr<float>(),
+                         exp_avg_sq_.data_ptr<float>(), decay_mask, ema, segments, num_segments,
+                         device_grid_blocks_, state, options, ratios, stream);
+    else
+      launch_sgd_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
+                        exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, decay_mask, ema,
+                        segments, num_segments, device_grid_blocks_, state, options, stream,
+                        ratios);
+  } else if (options_.optimizer.adam()) {
     launch_adam_update(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype, master,
                        exp_avg_.data_ptr<float>(), exp_avg_sq_.data_ptr<float>(), decay_mask, ema,
                        segments, num_segments, device_grid_blocks_, state, options, stream);
@@ -169,6 +212,29 @@ void ZeroOptimizer::enqueue_device_step(const HostStepInputs* host_inputs) {
                       exp_avg_.defined() ? exp_avg_.data_ptr<float>() : nullptr, decay_mask, ema,
                       segments, num_segments, device_grid_blocks_, state, options, stream);
   }
+}
+
+void ZeroOptimizer::enqueue_trust_ratios(const at::Tensor& grads, KernelDtype grad_dtype,
+                                         KernelDtype dtype, const FusedStepOptions& options) {
+  // Note [Trust ratios]: this rank's sums, the whole parameters' sums (partitions split
+  // parameters between ranks), each segment's ratio.
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const auto* segments = reinterpret_cast<const FusedSegment*>(segments_.data_ptr<int64_t>());
+  const auto* trust = reinterpret_cast<const FusedTrustSegment*>(trust_segments_.data_ptr<int32_t>());
+  const int num_segments = static_cast<int>(segments_.size(0));
+  const int num_parameters = static_cast<int>(parameter_squares_.size(1));
+  const auto* state = reinterpret_cast<const FusedStepState*>(device_state_.data_ptr());
+  const bool lamb = options.rule == FusedRule::kLamb;
+  launch_trust_sums(grads.data_ptr(), grad_dtype, flat_.values().data_ptr(), dtype,
+                    master_.defined() ? master_.data_ptr<float>() : nullptr,
+                    lamb ? exp_avg_.data_ptr<float>() : nullptr,
+                    lamb ? exp_avg_sq_.data_ptr<float>() : nullptr, segments, trust, num_segments,
+                    num_parameters, device_grid_blocks_, state, options,
+                    segment_partials_.data_ptr<double>(), parameter_squares_.data_ptr<double>(),
+                    stream);
+  if (partitioned() && comm_.size() > 1) comm_.all_reduce(parameter_squares_).wait();
+  launch_trust_ratios(parameter_squares_.data_ptr<double>(), trust, num_segments, num_parameters,
+                      state, options, segment_ratios_.data_ptr<float>(), stream);
 }
 
 StepReport ZeroOptimizer::read_device_report() const {

@@ -89,10 +89,15 @@ OptimizerOptions optimizer_options(const TrainConfig& config) {
   options.momentum = config.momentum;
   options.dampening = config.dampening;
   options.nesterov = config.nesterov;
+  options.trust_coefficient = config.trust_coefficient;
+  options.min_trust_ratio = config.min_trust_ratio;
+  options.max_trust_ratio = config.max_trust_ratio;
+  options.lamb_bias_correction = config.lamb_bias_correction;
   return options;
 }
 
-LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps) {
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps,
+                                     int64_t micro_steps_per_epoch) {
   LrScheduleParams options;
   options.kind = config.lr_schedule;
   options.lr = config.lr;
@@ -113,7 +118,9 @@ LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_step
   options.cycle_momentum = config.cycle_momentum;
   options.cycle_min_momentum = config.cycle_min_momentum;
   options.cycle_max_momentum = config.cycle_max_momentum;
-  const std::vector<int64_t> milestones = lr_milestone_steps(config.lr_milestones);
+  std::vector<int64_t> milestones = lr_milestone_steps(config.lr_milestones);
+  for (const int64_t epoch : lr_milestone_epochs(config.lr_milestone_epochs))
+    milestones.push_back(std::max<int64_t>(1, epoch * micro_steps_per_epoch / config.grad_accum));
   options.milestone_count = static_cast<int32_t>(milestones.size());
   std::copy(milestones.begin(), milestones.end(), options.milestones);
   options.milestone_gamma = config.lr_gamma;

@@ -152,11 +152,13 @@ RunLength Trainer::Impl::plan_run() {
       samples_for_rank(std::max<int64_t>(0, info.train_size - start.samples_in_epoch),
                        comm.size(), comm.rank(), tail()),
       config.micro_batch);
+  const int64_t micro_steps_per_epoch = batches_per_epoch(rank_samples, config.micro_batch);
   const RunLength length(static_cast<int>(start.epoch), config.epochs, first_epoch_micro_steps,
-                         batches_per_epoch(rank_samples, config.micro_batch), config.grad_accum,
-                         start.global_step, config.max_steps);
+                         micro_steps_per_epoch, config.grad_accum, start.global_step,
+                         config.max_steps);
   optimizer->set_lr_schedule(
-      LrSchedule(lr_schedule_options(config, length.last_global_step())).params());
+      LrSchedule(lr_schedule_options(config, length.last_global_step(), micro_steps_per_epoch))
+          .params());
   return length;
 }
 

@@ -301,19 +301,37 @@ std::string saved_optimizer(const std::string& config_ini) {
   return "";
 }
 
+// What `kind`'s optimizer state is, for the message below.
+std::string optimizer_state(OptimizerKind kind) {
+  if (keeps_adam_moments(kind)) return "Adam's moments";
+  return kind == OptimizerKind::kLars ? "a momentum buffer of trust-scaled gradients"
+                                      : "a momentum buffer";
+}
+// The optimizers that resume a checkpoint of `saved`'s state, e.g. "adamw, adam or lamb".
+std::string optimizers_resuming(OptimizerKind saved) {
+  std::vector<std::string> names;
+  for (const ChoiceName<OptimizerKind>& entry : ChoiceNames<OptimizerKind>::kTable)
+    if (shares_optimizer_state(saved, entry.value)) names.push_back(entry.name);
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
 }  // namespace
 
 TrainingPosition RunCheckpoints::resume(const std::string& path) {
   const Checkpoint c = read_checkpoint(path);
-  // The optimizer arrays mean what the saving run's rule made them (optimizer.h): Adam's moments
-  // are no momentum buffer for SGD, nor the other way round. Adam and AdamW share theirs.
+  // The optimizer arrays mean what the saving run's rule made them (shares_optimizer_state).
   const std::string saved = saved_optimizer(c.config_ini);
   const std::optional<OptimizerKind> saved_kind = parse_choice<OptimizerKind>(saved);
-  if (saved_kind && (*saved_kind == OptimizerKind::kSgd) != (config_.optimizer == OptimizerKind::kSgd))
+  if (saved_kind && !shares_optimizer_state(*saved_kind, config_.optimizer))
     throw DataError(path + ": the checkpoint's optimizer state is " + saved + "'s; this run's "
-                    "--optimizer is " + to_string(config_.optimizer) + ". Resume with --optimizer " +
-                    saved + ", or start a new run from the weights (--export-weights, then "
-                    "--init-weights)");
+                    "--optimizer is " + to_string(config_.optimizer) + ". " + saved + " keeps " +
+                    optimizer_state(*saved_kind) + ", " + to_string(config_.optimizer) + " " +
+                    optimizer_state(config_.optimizer) + ": resume with --optimizer " +
+                    optimizers_resuming(*saved_kind) + ", or start a new run from the weights "
+                    "(--export-weights, then --init-weights)");
   // check_checkpoint_fits compares identities; this says which file and what to do.
   if (names_torchscript_file(config_.model) && c.model != model_.identity())
     throw DataError(path + ": the checkpoint holds " + c.model + "; this run's --model " +

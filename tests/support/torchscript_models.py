@@ -28,13 +28,15 @@ tests/support/check_safetensors.py), not the safetensors package.
         in IDX_DIR (Fashion-MNIST), normalised as hpc_train_data normalises a dataset converted
         with --max-train N --max-test M; prints "test_loss L test_accuracy A"
     torchscript_models.py train MODULE.pt WEIGHTS.safetensors IDX_DIR --max-train N --steps S
-                          --lr LR [--optimizer sgd|adamw] [--momentum M] [--dampening D]
-                          [--nesterov] [--weight-decay W] [--milestones A,B --gamma G]
+                          --lr LR [--optimizer sgd|adamw|lamb|lars] [--momentum M]
+                          [--dampening D] [--nesterov] [--weight-decay W]
+                          [--trust-coefficient ETA] [--milestones A,B --gamma G]
                           [--label-smoothing E] [--no-decay-bias-bn]
                           [--ema-decay D --ema-out EMA.safetensors]
         PyTorch's reference trajectory: the module from the weights, trained in train mode on
         the first N train images (normalised as above) as one batch a step with torch.optim's
-        optimizer, MultiStepLR and CrossEntropyLoss(label_smoothing=E), with the parameters
+        optimizer (LAMB and LARS: tests/support/layerwise_optimizers.py, from their papers),
+        MultiStepLR and CrossEntropyLoss(label_smoothing=E), with the parameters
         below 2-D in a group without weight decay (--no-decay-bias-bn), and an EMA of the weights
         (torch.optim.swa_utils.AveragedModel, avg_fn D x ema + (1 - D) x weights, updated after
         each step) written to EMA.safetensors; prints each step's loss, one a line
@@ -58,6 +60,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "reference"))
 import models  # noqa: E402  (bench/reference/models.py)
 from check_safetensors import read_safetensors  # noqa: E402
+import layerwise_optimizers  # noqa: E402
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
@@ -297,6 +300,14 @@ def command_train(args):
         optimizer = torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum,
                                     dampening=args.dampening, weight_decay=args.weight_decay,
                                     nesterov=args.nesterov)
+    elif args.optimizer == "lamb":
+        optimizer = layerwise_optimizers.Lamb(parameters, lr=args.lr,
+                                              weight_decay=args.weight_decay)
+    elif args.optimizer == "lars":
+        optimizer = layerwise_optimizers.Lars(parameters, lr=args.lr, momentum=args.momentum,
+                                              nesterov=args.nesterov,
+                                              weight_decay=args.weight_decay,
+                                              trust_coefficient=args.trust_coefficient)
     else:
         optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=args.weight_decay)
     ema = None
@@ -370,7 +381,8 @@ def main():
     p.add_argument("--max-train", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--lr", type=float, required=True)
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lamb", "lars"])
+    p.add_argument("--trust-coefficient", type=float, default=1e-3)
     p.add_argument("--momentum", type=float, default=0.0)
     p.add_argument("--dampening", type=float, default=0.0)
     p.add_argument("--nesterov", action="store_true")

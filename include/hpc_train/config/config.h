@@ -43,18 +43,25 @@ struct TrainConfig {
   int64_t max_steps = 0;          // --max-steps: stop after this many optimizer steps; 0 = no limit
   int micro_batch = 64;           // --micro-batch: samples per rank per step
   int eval_batch = 0;             // --eval-batch: samples per rank per evaluation batch; 0 = auto
-  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam|sgd
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // --optimizer adamw|adam|sgd|lamb|lars
   double lr = 1e-3;               // --lr
   double beta1 = 0.9;             // --beta1
   double beta2 = 0.999;           // --beta2
   double eps = 1e-8;              // --eps
-  double weight_decay = 0.01;     // --weight-decay (decoupled for adamw, L2 for adam and sgd)
+  // --weight-decay: decoupled for adamw and lamb, L2 for adam, sgd and lars
+  double weight_decay = 0.01;
   bool no_decay_bias_bn = false;  // --no-decay-bias-bn: none on parameters below 2-D
   double label_smoothing = 0.0;   // --label-smoothing: the training loss's (torch's meaning)
   double ema_decay = 0.0;         // --ema-decay: keep an EMA of the weights; 0 = none
-  double momentum = 0.0;          // --momentum: SGD's; 0 = plain SGD
-  double dampening = 0.0;         // --dampening: SGD's
-  bool nesterov = false;          // --nesterov: SGD with Nesterov momentum
+  double momentum = 0.0;          // --momentum: SGD's and LARS's; 0 = no momentum buffer
+  double dampening = 0.0;         // --dampening: SGD's and LARS's
+  bool nesterov = false;          // --nesterov: SGD's or LARS's momentum as Nesterov's
+  // The layer-wise trust ratios (Note [Trust ratios] in optimizer.h)
+  double trust_coefficient = 1e-3;  // --trust-coefficient: LARS's eta
+  double min_trust_ratio = 0.0;   // --min-trust-ratio: LAMB's lower bound (DeepSpeed's min_coeff)
+  double max_trust_ratio = 0.0;   // --max-trust-ratio: LAMB's upper bound; 0 = none (max_coeff)
+  // --lamb-bias-correction moments|step|none: where LAMB corrects the moments' bias
+  LambBiasCorrection lamb_bias_correction = LambBiasCorrection::kMoments;
   uint64_t seed = 42;             // --seed: parameters' initialisation and the epoch plan
   int grad_accum = 1;             // --grad-accum: micro-steps per optimizer step
   double clip_grad = 0.0;         // --clip-grad: max global gradient norm; 0 = no clipping
@@ -72,11 +79,14 @@ struct TrainConfig {
   int64_t cycle_decay_steps = 0;  // --cycle-decay-steps: DeepSpeed's decay_step_size; 0 = none
   double cycle_decay_lr_rate = 0.0;        // --cycle-decay-lr-rate
   double cycle_decay_momentum_rate = 0.0;  // --cycle-decay-momentum-rate
-  bool cycle_momentum = true;     // --cycle-momentum: cycle SGD's momentum or Adam's beta1
+  bool cycle_momentum = true;     // --cycle-momentum: cycle the momentum (sgd, lars) or beta1
   double cycle_min_momentum = 0.8;  // --cycle-min-momentum
   double cycle_max_momentum = 0.9;  // --cycle-max-momentum
   // multistep (torch's MultiStepLR)
   std::string lr_milestones;      // --lr-milestones: optimizer steps, comma-separated, ascending
+  // --lr-milestone-epochs: the same in epochs, as torchvision's --lr-steps (the step that ends
+  // each such epoch); one of the two with multistep
+  std::string lr_milestone_epochs;
   double lr_gamma = 0.1;          // --lr-gamma: the lr's factor at each milestone
 
   // [zero] ZeRO partitioning and mixed precision
@@ -185,6 +195,8 @@ void validate(const TrainConfig& config);
 
 // --lr-milestones' optimizer steps, ascending; empty for ''. Throws ConfigError for anything else.
 std::vector<int64_t> lr_milestone_steps(const std::string& text);
+// --lr-milestone-epochs' epochs, the same way.
+std::vector<int64_t> lr_milestone_epochs(const std::string& text);
 
 struct DatasetInfo;  // dataset_file.h
 

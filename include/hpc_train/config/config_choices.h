@@ -16,14 +16,19 @@
 
 #include "hpc_train/error.h"
 #include "hpc_train/optim/lr_schedule.h"  // LrScheduleKind (--lr-schedule), WarmupType (--warmup-type)
+#include "hpc_train/optim/trust_ratio.h"  // LambBiasCorrection (--lamb-bias-correction)
 
 namespace hpc_train {
 
 // --augment, --resident-data, --cuda-graph: the program decides (auto), or the user forces it.
 enum class Switch { kAuto, kOn, kOff };
-// --optimizer: AdamW (decoupled weight decay), Adam (weight decay as an L2 gradient term) or
-// SGD with momentum (optimizer.h).
-enum class OptimizerKind { kAdamW, kAdam, kSgd };
+// --optimizer: AdamW (decoupled weight decay), Adam (weight decay as an L2 gradient term), SGD
+// with momentum, and the layer-wise adaptive rules: LAMB (Adam's moments) and LARS (SGD's
+// momentum), each scaled by a per-parameter trust ratio (optimizer.h).
+enum class OptimizerKind { kAdamW, kAdam, kSgd, kLamb, kLars };
+// --lamb-bias-correction (LambBiasCorrection, trust_ratio.h): where LAMB corrects the moments'
+// bias (Note [Trust ratios] in optimizer.h): in the moments (the paper's rule), in the step size
+// (DeepSpeed's FusedLamb), or nowhere (FusedLamb's bias_correction false).
 // --precision: the model's dtype (the master weights and Adam's moments are fp32 in every case).
 enum class Precision { kFp32, kFp16, kBf16 };
 // --device: where the ranks compute; placement.h decides auto.
@@ -58,7 +63,28 @@ template <>
 struct ChoiceNames<OptimizerKind> {
   static constexpr ChoiceName<OptimizerKind> kTable[] = {{OptimizerKind::kAdamW, "adamw"},
                                                          {OptimizerKind::kAdam, "adam"},
-                                                         {OptimizerKind::kSgd, "sgd"}};
+                                                         {OptimizerKind::kSgd, "sgd"},
+                                                         {OptimizerKind::kLamb, "lamb"},
+                                                         {OptimizerKind::kLars, "lars"}};
+};
+// Whether `kind` keeps Adam's two moments per parameter (adamw, adam, lamb), rather than a
+// momentum buffer (sgd, lars), which --momentum, --dampening and --nesterov configure.
+inline bool keeps_adam_moments(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW || kind == OptimizerKind::kAdam ||
+         kind == OptimizerKind::kLamb;
+}
+// Whether a checkpoint of `saved`'s optimizer state resumes under `kind`: Adam's moments mean the
+// same for adamw, adam and lamb; SGD's buffer sums gradients and LARS's sums ratio-scaled ones
+// (Note [Trust ratios] in optimizer.h), of other sizes, so each resumes only its own.
+inline bool shares_optimizer_state(OptimizerKind saved, OptimizerKind kind) {
+  return saved == kind || (keeps_adam_moments(saved) && keeps_adam_moments(kind));
+}
+template <>
+struct ChoiceNames<LambBiasCorrection> {
+  static constexpr ChoiceName<LambBiasCorrection> kTable[] = {
+      {LambBiasCorrection::kMoments, "moments"},
+      {LambBiasCorrection::kStepSize, "step"},
+      {LambBiasCorrection::kNone, "none"}};
 };
 template <>
 struct ChoiceNames<LrScheduleKind> {

@@ -12,6 +12,10 @@
 //                               master weights and moments, the cast to the model dtype into the
 //                               flat parameter buffer (the all-gather buffer); nothing on overflow
 //   launch_sgd_update           the same with SGD (momentum, dampening, Nesterov) instead
+//   LAMB and LARS (Note [Trust ratios] in optimizer.h) put two kernels and a reduction between
+//   the bookkeeping and the update: launch_trust_sums (LAMB's moments move there too), the
+//   caller's all-reduce of the per-parameter sums, launch_trust_ratios; then launch_lamb_update,
+//   or launch_sgd_update with the ratios (LARS)
 //
 // The arithmetic is adam_update's and sgd_update's (optimizer.h) and ZeroOptimizer::step's
 // (zero_optimizer.h),
@@ -26,6 +30,7 @@
 #include <type_traits>
 
 #include "hpc_train/optim/lr_schedule.h"
+#include "hpc_train/optim/trust_ratio.h"
 #include "hpc_train/runtime/kernel_dtype.h"
 
 namespace hpc_train {
@@ -44,7 +49,17 @@ struct FusedSegment {
 static_assert(sizeof(FusedSegment) == 4 * sizeof(int64_t), "uploaded as an int64 tensor [n, 4]");
 
 enum class FusedLossScaling : int32_t { kNone, kFixed, kDynamic };
-enum class FusedRule : int32_t { kAdam, kSgd };
+enum class FusedRule : int32_t { kAdam, kSgd, kLamb, kLars };
+
+// Note [Trust ratios]: LAMB's and LARS's segments are the pieces of parameters (one parameter
+// each; padding and alignment gaps are left out, they stay zero); this says whose each is.
+struct FusedTrustSegment {
+  int32_t parameter = 0;  // the model's index
+  int32_t flags = 0;      // kTrustDecays | kTrustAdapts
+};
+static_assert(sizeof(FusedTrustSegment) == 2 * sizeof(int32_t), "uploaded as an int32 tensor [n, 2]");
+inline constexpr int32_t kTrustDecays = 1;  // weight decay applies to the parameter
+inline constexpr int32_t kTrustAdapts = 2;  // LARS: the parameter adapts (2-D or more)
 
 // What stays the same for a whole run.
 struct FusedStepOptions {
@@ -59,6 +74,10 @@ struct FusedStepOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decoupled_weight_decay = true;  // AdamW; false: Adam or SGD with an L2 penalty
+  double trust_coefficient = 1e-3;     // LARS
+  double min_trust_ratio = 0.0;        // LAMB
+  double max_trust_ratio = 0.0;        // LAMB; 0 = no upper bound
+  LambBiasCorrection lamb_bias_correction = LambBiasCorrection::kMoments;
   double clip_grad = 0.0;              // max global norm; 0 = off
   bool check_overflow = false;         // fp16: an inf/nan sum of squares skips the step
   FusedLossScaling loss_scaling = FusedLossScaling::kNone;
@@ -107,6 +126,11 @@ struct FusedStepState {
   // and 1 - decay.
   float ema_keep = 0.0f;
   float ema_share = 1.0f;
+  // LAMB (trust_ratio.h's LambCorrection): the direction's scales, and -lr x step_scale, which
+  // the ratio multiplies.
+  float lamb_moment_scale = 1.0f;
+  float lamb_root_scale = 1.0f;
+  double lamb_step = 0.0;
 };
 static_assert(std::is_standard_layout<FusedStepState>::value, "copied as bytes");
 
@@ -153,10 +177,38 @@ void launch_adam_update(const void* grads, KernelDtype grad_dtype, void* params,
                         const FusedStepOptions& options, cudaStream_t stream);
 // SGD's update, as launch_adam_update's; `momentum_buffer` is nullptr when
 // options.momentum_buffer is false.
+// `segment_ratios` (LARS; nullptr: SGD, ratio 1): each segment's trust ratio.
 void launch_sgd_update(const void* grads, KernelDtype grad_dtype, void* params, KernelDtype dtype,
                        float* master, float* momentum_buffer, const bool* decay_mask,
                        float* ema, const FusedSegment* segments, int num_segments,
                        int grid_blocks, const FusedStepState* state,
-                       const FusedStepOptions& options, cudaStream_t stream);
+                       const FusedStepOptions& options, cudaStream_t stream,
+                       const float* segment_ratios = nullptr);
+
+// Note [Trust ratios], on this rank's segments (FusedTrustSegment, one per segment):
+// per parameter, the sum of squares of the weights into parameter_squares[p] and of LAMB's
+// direction (its moments move here) or LARS's unscaled, clipped gradient into
+// parameter_squares[num_parameters + p]; parameters with no segment here get 0, so that an
+// all-reduce of the 2 x num_parameters doubles across ranks gives the whole parameters' sums.
+// segment_partials holds grid_blocks x num_segments x 2 doubles. In fp64, in a fixed order
+// (Note [Fused sum of squares in fp64]). Nothing when the step overflowed.
+void launch_trust_sums(const void* grads, KernelDtype grad_dtype, const void* params,
+                       KernelDtype dtype, const float* master, float* exp_avg, float* exp_avg_sq,
+                       const FusedSegment* segments, const FusedTrustSegment* trust_segments,
+                       int num_segments, int num_parameters, int grid_blocks,
+                       const FusedStepState* state, const FusedStepOptions& options,
+                       double* segment_partials, double* parameter_squares, cudaStream_t stream);
+// From the whole parameters' sums: LARS's ratio of each segment, or LAMB's ratio times its step
+// (-lr x step_scale), into segment_ratios.
+void launch_trust_ratios(const double* parameter_squares, const FusedTrustSegment* trust_segments,
+                         int num_segments, int num_parameters, const FusedStepState* state,
+                         const FusedStepOptions& options, float* segment_ratios,
+                         cudaStream_t stream);
+// LAMB's update from the moments launch_trust_sums moved: w += segment_ratios[s] x u.
+void launch_lamb_update(void* params, KernelDtype dtype, float* master, float* exp_avg,
+                        float* exp_avg_sq, const bool* decay_mask, float* ema,
+                        const FusedSegment* segments, int num_segments, int grid_blocks,
+                        const FusedStepState* state, const FusedStepOptions& options,
+                        const float* segment_ratios, cudaStream_t stream);
 
 }  // namespace hpc_train

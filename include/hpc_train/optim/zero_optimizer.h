@@ -50,8 +50,11 @@
 #include "hpc_train/optim/lr_schedule.h"
 #include "hpc_train/optim/optimizer.h"
 #include "hpc_train/comm/reducer.h"
+#include "hpc_train/runtime/kernel_dtype.h"
 
 namespace hpc_train {
+
+struct FusedStepOptions;  // fused_optimizer.h, the device path's
 
 struct ZeroOptions {
   int stage = 0;
@@ -203,6 +206,21 @@ class ZeroOptimizer : private LayoutObserver {
   // A flat-layout tensor's slices of this rank's partition, as a partition tensor (a copy).
   at::Tensor own_slices(const at::Tensor& flat) const;
   at::Tensor assemble_full(const at::Tensor& partition);  // collective, flat layout
+  // Note [Trust ratios] in optimizer.h: this rank's elements of each parameter, one run per
+  // parameter (a parameter lies in one bucket, and a rank holds one slice of a bucket), in
+  // partition order. Stage 0: every parameter whole, at its place in the flat buffers.
+  struct ParameterPiece {
+    int parameter = 0;             // model index
+    int64_t state_offset = 0;      // in the state (and in the gradients step() reads)
+    int64_t flat_offset = 0;       // in the flat buffers
+    int64_t numel = 0;
+  };
+  std::vector<ParameterPiece> parameter_pieces() const;
+  bool decays(int parameter) const;  // weight decay applies to it (--no-decay-bias-bn)
+  // step() on the CPU, LAMB and LARS: `grads` unscaled and clipped, laid out as the state.
+  void layer_adaptive_step(const at::Tensor& grads, double lr);
+  // Note [Weight EMA]: moves `ema` towards `weights` (the same elements), after step steps_.
+  void move_ema(at::Tensor ema, const at::Tensor& weights) const;
   // LayoutObserver: the state leaves the old partition through the logical layout (gathered)
   // and enters the new one.
   void before_relayout() override;
@@ -216,6 +234,10 @@ class ZeroOptimizer : private LayoutObserver {
   void create_device_buffers();
   void prepare_device_layout();
   void enqueue_device_step(const HostStepInputs* host_inputs);
+  // LAMB and LARS: the trust-ratio kernels and the all-reduce of their sums, after the
+  // bookkeeping and before the update (zero_optimizer_cuda.cpp).
+  void enqueue_trust_ratios(const at::Tensor& grads, KernelDtype grad_dtype, KernelDtype dtype,
+                            const FusedStepOptions& options);
   // Throws Error: the device path's `method` was called, but the parameters are on the CPU.
   [[noreturn]] static void no_gpu(const char* method);
 
@@ -249,6 +271,12 @@ class ZeroOptimizer : private LayoutObserver {
   at::Tensor sum_of_squares_;  // fp64 [1]: the squared global norm of the (scaled) gradients
   at::Tensor block_partials_;  // fp64 [device_grid_blocks_]: the reduction's per-block sums
   at::Tensor segments_;        // int64 [segments, 4]: FusedSegment, this rank's partition
+  // LAMB and LARS on the device (Note [Trust ratios]), per layout: the segments are the
+  // parameter pieces, and these say whose each is and hold the norms' sums.
+  at::Tensor trust_segments_;     // int32 [segments, 2]: FusedTrustSegment
+  at::Tensor segment_partials_;   // fp64 [blocks, segments, 2]: per-block sums of squares
+  at::Tensor parameter_squares_;  // fp64 [2, parameters]: |w|^2, then |u|^2 or |g|^2
+  at::Tensor segment_ratios_;     // fp32 [segments]: each segment's parameter's trust ratio
   int device_grid_blocks_ = 0;
 };
 

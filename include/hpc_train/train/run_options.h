@@ -52,8 +52,11 @@ OptimizerOptions optimizer_options(const TrainConfig& config);
 ZeroOptions zero_options(const TrainConfig& config);
 
 // The LR schedule of a run of `run_steps` optimizer steps (--schedule-steps, when given, sets
-// the cosine's or decay's end instead; one-cycle's 0 steps are half the run each way).
-LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps);
+// the cosine's or decay's end instead; one-cycle's 0 steps are half the run each way), whose
+// epochs have `micro_steps_per_epoch` micro-steps each (--lr-milestone-epochs become the steps
+// that end those epochs: micro-steps carry over epoch boundaries with --grad-accum).
+LrScheduleParams lr_schedule_options(const TrainConfig& config, int64_t run_steps,
+                                     int64_t micro_steps_per_epoch);
 
 // Note [cuDNN autotuning]: --cudnn-benchmark times cuDNN's candidate algorithms for every new
 // input shape. For resnet18 that takes seconds per shape, after which its replayed step ran faster

@@ -869,7 +869,11 @@ TEST_F(ZeroOnDevice, SgdLambLarsAndCycledMomentumMatchTheCpuOptimizer) {
           const at::Tensor difference = (gpu.flat->values().cpu().to(at::kFloat) -
                                          cpu.flat->values().to(at::kFloat)).abs();
           const at::Tensor size = cpu.flat->values().to(at::kFloat).abs() + 1e-3;
-          EXPECT_LT((difference / size).max().item<double>(), type == at::kFloat ? 1e-5 : 1e-2)
+          // LAMB moves every element by about lr x ratio (its direction is Adam's m / sqrt(v),
+          // of size ~1, scaled by |w| / |u|): the GPU's contracted multiply-adds, an ulp of the
+          // direction, reach 3e-5 of the 1e-3 floor after 5 steps (H100, 2026-12-07).
+          const double fp32_bound = c.kind == OptimizerKind::kLamb ? 1e-4 : 1e-5;
+          EXPECT_LT((difference / size).max().item<double>(), type == at::kFloat ? fp32_bound : 1e-2)
               << "step " << step;
           // The schedule in fp64 on both; the GPU may contract a multiply-add (an ulp).
           EXPECT_NEAR(gpu.optimizer->report().last_lr, cpu.optimizer->report().last_lr,

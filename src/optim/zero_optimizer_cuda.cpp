@@ -123,13 +123,26 @@ void ZeroOptimizer::prepare_device_layout() {
   // Stage 2's gradients are the reducer's partition, laid out as the moments are.
   const bool grads_in_partition = partitioned() && options_.stage == 2;
   if (options_.optimizer.layer_adaptive()) {
-    // Note [Trust ratios]: a segment per parameter piece, never merged.
+    // Note [Trust ratios]: a segment per parameter piece, never merged. The sums' kernel writes
+    // each segment's sums to its parameter's place, so no parameter may have two here.
+    std::vector<bool> seen(flat_.parameters().size(), false);
     for (const ParameterPiece& piece : parameter_pieces()) {
+      if (seen[piece.parameter])
+        throw Error("ZeroOptimizer: parameter " + flat_.names()[piece.parameter] +
+                    " has two pieces in this rank's partition; a rank holds one slice of a "
+                    "bucket, so it cannot");
+      seen[piece.parameter] = true;
       segments.push_back({piece.numel, grads_in_partition ? piece.state_offset : piece.flat_offset,
                           piece.state_offset, piece.flat_offset});
       int32_t flags = decays(piece.parameter) ? kTrustDecays : 0;
       if (flat_.parameters()[piece.parameter].dim() >= 2) flags |= kTrustAdapts;
       trust_segments.push_back({piece.parameter, flags});
+    }
+    // A partition of padding alone (a tiny model on many ranks): one empty segment, whose sums
+    // of zero go to parameter 0's place, which this rank holds nothing of.
+    if (segments.empty()) {
+      segments.push_back({0, 0, 0, 0});
+      trust_segments.push_back({0, 0});
     }
   } else if (!partitioned()) {
     segments.push_back({partition.flat_numel, 0, 0, 0});

@@ -157,12 +157,9 @@ std::string join(const std::vector<std::string>& words, const char* separator) {
 
 // "1, 2 or 4"
 std::string join_or(const std::vector<int64_t>& values) {
-  std::string text;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) text += i + 1 == values.size() ? " or " : ", ";
-    text += std::to_string(values[i]);
-  }
-  return text;
+  std::vector<std::string> words;
+  for (const int64_t value : values) words.push_back(std::to_string(value));
+  return or_list(words);
 }
 
 std::string show(const std::string& value) { return value; }

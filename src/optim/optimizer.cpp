@@ -20,6 +20,13 @@ at::Tensor with_l2_term(const at::Tensor& grads, const at::Tensor& parameters,
   return decay_mask.defined() ? at::where(decay_mask, decayed, grads) : decayed;
 }
 
+// Adam's moments (Adam, AdamW, LAMB): m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2.
+void move_moments(at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad, double beta1,
+                  double beta2) {
+  exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
+}
+
 // SGD's momentum and step from a direction that holds the weight decay already.
 void momentum_step(at::Tensor parameters, at::Tensor direction, at::Tensor momentum_buffer,
                    int64_t step, double lr, double momentum, const OptimizerOptions& options) {
@@ -48,8 +55,7 @@ void adam_update(at::Tensor parameters, const at::Tensor& grads, at::Tensor exp_
     else
       parameters.mul_(decay_factor);
   }
-  exp_avg.mul_(beta1).add_(grad, 1.0 - beta1);
-  exp_avg_sq.mul_(options.beta2).addcmul_(grad, grad, 1.0 - options.beta2);
+  move_moments(exp_avg, exp_avg_sq, grad, beta1, options.beta2);
   // Same order of operations as torch.optim's single-tensor Adam, so results agree closely.
   const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps);
   parameters.addcdiv_(exp_avg, denom, -lr / bias_correction1);
@@ -69,8 +75,7 @@ at::Tensor lamb_direction(const at::Tensor& parameters, const at::Tensor& grads,
                           at::Tensor exp_avg, at::Tensor exp_avg_sq, double beta1,
                           const LambCorrection& correction, const OptimizerOptions& options,
                           bool decays) {
-  exp_avg.mul_(beta1).add_(grads, 1.0 - beta1);
-  exp_avg_sq.mul_(options.beta2).addcmul_(grads, grads, 1.0 - options.beta2);
+  move_moments(exp_avg, exp_avg_sq, grads, beta1, options.beta2);
   at::Tensor direction = exp_avg.mul(correction.moment_scale)
                              .div_(exp_avg_sq.sqrt().mul_(correction.root_scale).add_(options.eps));
   if (decays && options.weight_decay != 0.0) direction.add_(parameters, options.weight_decay);

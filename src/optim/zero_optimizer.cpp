@@ -219,7 +219,7 @@ StepOutcome ZeroOptimizer::step(double lr, double loss_scale) {
 
   if (options_.optimizer.layer_adaptive()) {
     layer_adaptive_step(grads, lr);
-    if (partitioned()) outcome.gather_ms = all_gather_parameters();
+    outcome.gather_ms = all_gather_parameters();
     return outcome;
   }
   const OptimizerOptions& rule = options_.optimizer;

@@ -307,17 +307,6 @@ std::string optimizer_state(OptimizerKind kind) {
   return kind == OptimizerKind::kLars ? "a momentum buffer of trust-scaled gradients"
                                       : "a momentum buffer";
 }
-// The optimizers that resume a checkpoint of `saved`'s state, e.g. "adamw, adam or lamb".
-std::string optimizers_resuming(OptimizerKind saved) {
-  std::vector<std::string> names;
-  for (const ChoiceName<OptimizerKind>& entry : ChoiceNames<OptimizerKind>::kTable)
-    if (shares_optimizer_state(saved, entry.value)) names.push_back(entry.name);
-  std::string text;
-  for (size_t i = 0; i < names.size(); ++i)
-    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  return text;
-}
-
 }  // namespace
 
 TrainingPosition RunCheckpoints::resume(const std::string& path) {
@@ -330,7 +319,9 @@ TrainingPosition RunCheckpoints::resume(const std::string& path) {
                     "--optimizer is " + to_string(config_.optimizer) + ". " + saved + " keeps " +
                     optimizer_state(*saved_kind) + ", " + to_string(config_.optimizer) + " " +
                     optimizer_state(config_.optimizer) + ": resume with --optimizer " +
-                    optimizers_resuming(*saved_kind) + ", or start a new run from the weights "
+                    choice_names<OptimizerKind>([&](OptimizerKind kind) {
+                      return shares_optimizer_state(*saved_kind, kind);
+                    }) + ", or start a new run from the weights "
                     "(--export-weights, then --init-weights)");
   // check_checkpoint_fits compares identities; this says which file and what to do.
   if (names_torchscript_file(config_.model) && c.model != model_.identity())

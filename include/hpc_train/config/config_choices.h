@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "hpc_train/error.h"
 #include "hpc_train/optim/lr_schedule.h"  // LrScheduleKind (--lr-schedule), WarmupType (--warmup-type)
@@ -166,16 +167,29 @@ std::optional<Choice> parse_choice(std::string_view name) {
   return std::nullopt;
 }
 
-// The names, as a message lists them: "fp32, fp16 or bf16".
-template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
-std::string choice_names() {
-  constexpr size_t kCount = std::size(ChoiceNames<Choice>::kTable);
+// Words as a message lists them: "a", "a or b", "a, b or c".
+inline std::string or_list(const std::vector<std::string>& words) {
   std::string text;
-  for (size_t i = 0; i < kCount; ++i) {
-    if (i > 0) text += i + 1 == kCount ? " or " : ", ";
-    text += ChoiceNames<Choice>::kTable[i].name;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i > 0) text += i + 1 == words.size() ? " or " : ", ";
+    text += words[i];
   }
   return text;
+}
+
+// The names of the values `keep` holds for, as a message lists them (or_list).
+template <class Choice, class Keep, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string choice_names(const Keep& keep) {
+  std::vector<std::string> names;
+  for (const ChoiceName<Choice>& entry : ChoiceNames<Choice>::kTable)
+    if (keep(entry.value)) names.push_back(entry.name);
+  return or_list(names);
+}
+
+// All the names: "fp32, fp16 or bf16".
+template <class Choice, std::enable_if_t<is_choice_v<Choice>, int> = 0>
+std::string choice_names() {
+  return choice_names<Choice>([](Choice) { return true; });
 }
 
 }  // namespace hpc_train

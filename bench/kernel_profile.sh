@@ -17,12 +17,18 @@ mkdir -p "$out" && cd "$out"
 [ -f fm.h5 ] || "$build/hpc_train_data" convert fashion-mnist "$idx" fm.h5 > /dev/null
 [ -f cifar_synthetic.h5 ] || python3 "$here/make_synthetic_cifar.py" cifar_synthetic.h5 20000
 # PROFILE_REFERENCE=no profiles hpc_train alone (PyTorch's side of a case takes the longer).
+# PROFILE_REFERENCE_MODE=compile profiles torch.compile(max-autotune)'s step instead of the
+# whole-step graph (it compiles and autotunes for minutes before its timed steps).
+# PROFILE_CACHE=none leaves the caches warm between kernels, as in a real step, where a kernel
+# finds much of its input in L2 (50 MB on an H100); ncu's default flushes them before each one.
 steps=${PROFILE_STEPS:-3} only=${PROFILE_ONLY:-} with_reference=${PROFILE_REFERENCE:-yes}
+reference_mode=${PROFILE_REFERENCE_MODE:-graph} cache_control=${PROFILE_CACHE:-all}
 
 profiled() {  # profiled CSV COMMAND...: every kernel's time, as ncu's CSV
   local csv=$1
   shift
-  "$ncu" --clock-control none --profile-from-start off --target-processes all \
+  "$ncu" --clock-control none --cache-control "$cache_control" --profile-from-start off \
+    --target-processes all \
     --metrics gpu__time_duration.sum --csv --print-units base --log-file "$csv" "$@" > "${csv%.csv}.out" 2>&1 ||
     { echo "profiled run failed: $*"; tail -5 "${csv%.csv}.out"; return 1; }
 }
@@ -37,7 +43,7 @@ profile_case() {  # NAME DATASET MODEL BATCH REFERENCE(yes|no) [hpc_train option
     --cuda-profiler-start-step 20 --cuda-profiler-steps "$steps" --run-dir "run-$name" "$@"
   if [ "$reference" = yes ] && [ "$with_reference" = yes ]; then
     profiled "torch-$name.csv" python3 "$here/reference/train_reference.py" --dataset "$data" \
-      --model "$model" --batch "$batch" --precision bf16 --mode graph --warmup 5 \
+      --model "$model" --batch "$batch" --precision bf16 --mode "$reference_mode" --warmup 5 \
       --steps "$steps" --cuda-profiler
   fi
   python3 - "$name" "$steps" "hpc-$name.csv" "torch-$name.csv" <<'PY'
@@ -56,7 +62,7 @@ def kernel_ns(path):
     return total, count
 
 name, steps = sys.argv[1], int(sys.argv[2])
-for who, path in (("hpc_train", sys.argv[3]), ("PyTorch graph", sys.argv[4])):
+for who, path in (("hpc_train", sys.argv[3]), ("PyTorch", sys.argv[4])):
     if not os.path.exists(path):
         continue
     total, count = kernel_ns(path)

@@ -60,22 +60,37 @@ __device__ __forceinline__ int64_t thread_count() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-// The block's sum, valid in thread 0; every thread of the block must call it. Fixed order.
-__device__ double block_sum(double value) {
-  __shared__ double warp_sums[kThreads / kWarpSize];
+// The block's sums of N values per thread, valid in thread 0, each in one fixed order (a shuffle
+// tree per warp, then one over the warps); every thread of the block must call it. It ends with
+// the block in step, so that it can be called again at once.
+template <int N>
+__device__ void block_sums(double (&values)[N]) {
+  __shared__ double warp_sums[N][kThreads / kWarpSize];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-    value += __shfl_down_sync(0xffffffffu, value, offset);
-  if (lane == 0) warp_sums[warp] = value;
-  __syncthreads();
-  value = 0.0;
-  if (warp == 0) {
-    if (lane < kThreads / kWarpSize) value = warp_sums[lane];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-      value += __shfl_down_sync(0xffffffffu, value, offset);
+      values[n] += __shfl_down_sync(0xffffffffu, values[n], offset);
+    if (lane == 0) warp_sums[n][warp] = values[n];
   }
-  return value;
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    values[n] = 0.0;
+    if (warp == 0) {
+      if (lane < kThreads / kWarpSize) values[n] = warp_sums[n][lane];
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        values[n] += __shfl_down_sync(0xffffffffu, values[n], offset);
+    }
+  }
+  __syncthreads();
+}
+
+__device__ double block_sum(double value) {
+  double values[1] = {value};
+  block_sums(values);
+  return values[0];
 }
 
 template <typename T>
@@ -248,6 +263,15 @@ struct StepScalars {
   float lamb_root_scale;
 };
 
+// Adam's moments, one element, as move_moments (optimizer.cpp): m.mul_(b1).add_(g, 1 - b1);
+// v.mul_(b2).addcmul_(g, g, 1 - b2). AdamW's update and LAMB's sums both move them through here.
+__device__ __forceinline__ void move_moments(float g, float beta1, float one_minus_beta1,
+                                             float beta2, float one_minus_beta2, float& exp_avg,
+                                             float& exp_avg_sq) {
+  exp_avg = exp_avg * beta1 + one_minus_beta1 * g;
+  exp_avg_sq = exp_avg_sq * beta2 + one_minus_beta2 * g * g;
+}
+
 // One element of ZeroOptimizer::step + adam_update, operation for operation:
 //   grads.mul_(multiplier); p.mul_(1 - lr wd) | g = g.add(p, wd);
 //   m.mul_(b1).add_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2);
@@ -264,8 +288,8 @@ struct AdamRule {
       if (c.decoupled) weight = weight * s.decay_factor;
       else g = g + c.weight_decay * weight;
     }
-    exp_avg = exp_avg * s.momentum + s.one_minus_momentum * g;
-    exp_avg_sq = exp_avg_sq * c.beta2 + c.one_minus_beta2 * g * g;
+    move_moments(g, s.momentum, s.one_minus_momentum, c.beta2, c.one_minus_beta2, exp_avg,
+                 exp_avg_sq);
     const float denom = sqrtf(exp_avg_sq) / s.sqrt_bias_correction2 + c.eps;
     weight = weight + s.step_size * exp_avg / denom;
   }
@@ -439,36 +463,6 @@ LambConstants lamb_constants(const FusedStepOptions& options) {
           options.weight_decay != 0.0};
 }
 
-// Two block sums at once (block_sum's fixed order), valid in thread 0; ends with the block in
-// step, so that it can be called again at once.
-__device__ void block_sums(double& a, double& b) {
-  __shared__ double warp_sums[2][kThreads / kWarpSize];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    a += __shfl_down_sync(0xffffffffu, a, offset);
-    b += __shfl_down_sync(0xffffffffu, b, offset);
-  }
-  if (lane == 0) {
-    warp_sums[0][warp] = a;
-    warp_sums[1][warp] = b;
-  }
-  __syncthreads();
-  a = 0.0;
-  b = 0.0;
-  if (warp == 0) {
-    if (lane < kThreads / kWarpSize) {
-      a = warp_sums[0][lane];
-      b = warp_sums[1][lane];
-    }
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      a += __shfl_down_sync(0xffffffffu, a, offset);
-      b += __shfl_down_sync(0xffffffffu, b, offset);
-    }
-  }
-  __syncthreads();
-}
-
 template <typename G>
 struct TrustSumsArguments {
   const G* grads;
@@ -506,21 +500,20 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kLamb) {
         float* m = a.exp_avg + segment.master_offset;
         float* v = a.exp_avg_sq + segment.master_offset;
-        const float exp_avg = m[i] * st.momentum + st.one_minus_momentum * grad;
-        const float exp_avg_sq = v[i] * c.beta2 + c.one_minus_beta2 * grad * grad;
-        m[i] = exp_avg;
-        v[i] = exp_avg_sq;
-        measured = lamb_direction(weight, exp_avg, exp_avg_sq, c, st.lamb_moment_scale,
+        move_moments(grad, st.momentum, st.one_minus_momentum, c.beta2, c.one_minus_beta2, m[i],
+                     v[i]);
+        measured = lamb_direction(weight, m[i], v[i], c, st.lamb_moment_scale,
                                   st.lamb_root_scale, decays);
       }
       weight_squares += squared(weight);
       other_squares += squared(measured);
     }
-    block_sums(weight_squares, other_squares);
+    double sums[2] = {weight_squares, other_squares};
+    block_sums(sums);
     if (threadIdx.x == 0) {
       double* partial = a.segment_partials + (static_cast<int64_t>(blockIdx.x) * a.num_segments + seg) * 2;
-      partial[0] = weight_squares;
-      partial[1] = other_squares;
+      partial[0] = sums[0];
+      partial[1] = sums[1];
     }
   }
 }
@@ -540,11 +533,12 @@ __global__ void __launch_bounds__(kThreads)
     weight_squares += partial[0];
     other_squares += partial[1];
   }
-  block_sums(weight_squares, other_squares);
+  double sums[2] = {weight_squares, other_squares};
+  block_sums(sums);
   if (threadIdx.x == 0) {
     const int p = trust_segments[seg].parameter;
-    parameter_squares[p] = weight_squares;
-    parameter_squares[num_parameters + p] = other_squares;
+    parameter_squares[p] = sums[0];
+    parameter_squares[num_parameters + p] = sums[1];
   }
 }
 

@@ -292,6 +292,8 @@ bool ZeroOptimizer::decays(int parameter) const {
   return !options_.no_decay_below_2d || flat_.parameters()[parameter].dim() >= 2;
 }
 
+bool ZeroOptimizer::adapts(int parameter) const { return flat_.parameters()[parameter].dim() >= 2; }
+
 void ZeroOptimizer::layer_adaptive_step(const at::Tensor& grads, double lr) {
   // Note [Trust ratios]: every piece's direction and sums of squares first; the ratios once
   // the sums are whole; then the updates.
@@ -340,10 +342,10 @@ void ZeroOptimizer::layer_adaptive_step(const at::Tensor& grads, double lr) {
       weights.add_(directions[k], -lr * correction.step_scale * ratio);
     } else {
       const double weight_decay = decays(p) ? rule.weight_decay : 0.0;
-      const bool adapts = flat_.parameters()[p].dim() >= 2;
-      const double ratio = adapts ? lars_trust_ratio(weight_norm, other_norm,
-                                                     rule.trust_coefficient, weight_decay, rule.eps)
-                                  : 1.0;
+      const double ratio = adapts(p) ? lars_trust_ratio(weight_norm, other_norm,
+                                                        rule.trust_coefficient, weight_decay,
+                                                        rule.eps)
+                                     : 1.0;
       lars_update(weights, state_of(grads, piece), state_of(exp_avg_, piece), steps_, lr,
                   host_momentum_, rule, weight_decay, ratio);
     }

@@ -135,7 +135,7 @@ void ZeroOptimizer::prepare_device_layout() {
       segments.push_back({piece.numel, grads_in_partition ? piece.state_offset : piece.flat_offset,
                           piece.state_offset, piece.flat_offset});
       int32_t flags = decays(piece.parameter) ? kTrustDecays : 0;
-      if (flat_.parameters()[piece.parameter].dim() >= 2) flags |= kTrustAdapts;
+      if (adapts(piece.parameter)) flags |= kTrustAdapts;
       trust_segments.push_back({piece.parameter, flags});
     }
     // A partition of padding alone (a tiny model on many ranks): one empty segment, whose sums

@@ -41,13 +41,25 @@ torch::Tensor float_tensor(int64_t elements, const torch::Tensor& like) {
 
 const void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+std::optional<CounterType> counter_type_of(const torch::Tensor& counter) {
+  if (!counter.defined() || counter.numel() != 1 || !counter.is_cuda()) return std::nullopt;
+  switch (counter.scalar_type()) {
+    case torch::kLong: return CounterType::kInt64;
+    case torch::kFloat: return CounterType::kFloat32;
+    case torch::kHalf: return CounterType::kFloat16;
+    case torch::kBFloat16: return CounterType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+
 class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
                                const c10::optional<torch::Tensor>& residual,
-                               torch::Tensor running_mean,
-                               torch::Tensor running_var, double momentum, double eps, bool relu) {
+                               torch::Tensor running_mean, torch::Tensor running_var,
+                               torch::Tensor batches_tracked, double momentum, double eps,
+                               bool relu) {
     const BnLayout layout = layout_of(x);
     const torch::Tensor save_mean = float_tensor(layout.channels, x);
     const torch::Tensor save_invstd = float_tensor(layout.channels, x);
@@ -68,6 +80,12 @@ class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
     args.save_mean = save_mean.data_ptr<float>();
     args.save_invstd = save_invstd.data_ptr<float>();
     args.workspace = workspace.data_ptr<float>();
+    if (const std::optional<CounterType> counter = counter_type_of(batches_tracked)) {
+      args.batches_tracked = batches_tracked.data_ptr();
+      args.batches_tracked_type = *counter;
+    } else {
+      batches_tracked.add_(1);  // a counter the kernel does not take: as BatchNorm's own forward
+    }
     launch_bn_forward(layout, args, at::cuda::getCurrentCUDAStream());
     // The output is saved for the ReLU's mask only: without a ReLU, backward needs x alone.
     ctx->save_for_backward({x, relu ? y : torch::Tensor(), weight, save_mean, save_invstd});
@@ -106,8 +124,8 @@ class FusedBatchNormAct : public torch::autograd::Function<FusedBatchNormAct> {
     args.workspace = workspace.data_ptr<float>();
     launch_bn_backward(layout, args, at::cuda::getCurrentCUDAStream());
     // One gradient per forward input: x, weight, bias, residual, and none for the running
-    // statistics, momentum, eps and relu.
-    return {dx, dweight, dbias, dresidual, torch::Tensor(), torch::Tensor(),
+    // statistics, the counter, momentum, eps and relu.
+    return {dx, dweight, dbias, dresidual, torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -130,13 +148,14 @@ bool fused_kernels_take(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl
 
 torch::Tensor fused_batch_norm_act(const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                                    const torch::Tensor& residual, Activation activation) {
-  bn.num_batches_tracked.add_(1);  // as BatchNorm's own forward does in training mode
+  // num_batches_tracked advances in training mode, as in BatchNorm's own forward: in the kernels.
   // No residual is an empty optional, which autograd takes for a non-tensor argument (an
   // undefined tensor it would describe as an input, and fail).
   const c10::optional<torch::Tensor> optional_residual =
       residual.defined() ? c10::optional<torch::Tensor>(residual) : c10::nullopt;
   return FusedBatchNormAct::apply(x, bn.weight, bn.bias, optional_residual, bn.running_mean,
-                                  bn.running_var, *bn.options.momentum(), bn.options.eps(),
+                                  bn.running_var, bn.num_batches_tracked,
+                                  *bn.options.momentum(), bn.options.eps(),
                                   activation == Activation::kRelu);
 }
 

@@ -177,8 +177,27 @@ __device__ __forceinline__ float block_rows(const BnLayout& layout, int64_t bloc
   return static_cast<float>(min(layout.rows, begin + layout.rows_per_block) - begin);
 }
 
+// counter += 1 in the counter's own type, as LibTorch's add_(1) does it (in float for 16 bits).
+__device__ __forceinline__ void count_one(void* counter, CounterType type) {
+  switch (type) {
+    case CounterType::kInt64: *static_cast<long long*>(counter) += 1; break;
+    case CounterType::kFloat32: *static_cast<float*>(counter) += 1.f; break;
+    case CounterType::kFloat16: {
+      __half* c = static_cast<__half*>(counter);
+      *c = __float2half(__half2float(*c) + 1.f);
+      break;
+    }
+    case CounterType::kBFloat16: {
+      __nv_bfloat16* c = static_cast<__nv_bfloat16*>(counter);
+      *c = __float2bfloat16(__bfloat162float(*c) + 1.f);
+      break;
+    }
+  }
+}
+
 // Per channel: the batch's mean and variance from the partials, the saved statistics, the
-// running statistics, and the scale and shift the normalising pass applies.
+// running statistics, and the scale and shift the normalising pass applies; and the batch
+// counted in num_batches_tracked (where given).
 template <typename P>
 __global__ void __launch_bounds__(kThreads)
     statistics_finish_kernel(BnLayout layout, const float* __restrict__ partial_mean,
@@ -186,7 +205,10 @@ __global__ void __launch_bounds__(kThreads)
                              const P* __restrict__ bias, P* __restrict__ running_mean,
                              P* __restrict__ running_var, float momentum, float eps,
                              float* __restrict__ save_mean, float* __restrict__ save_invstd,
-                             float* __restrict__ scale, float* __restrict__ shift) {
+                             float* __restrict__ scale, float* __restrict__ shift,
+                             void* batches_tracked, CounterType batches_tracked_type) {
+  if (batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    count_one(batches_tracked, batches_tracked_type);
   const int lane = threadIdx.x % kWarpSize;
   const int64_t channel = static_cast<int64_t>(blockIdx.x) * kFinishChannels + threadIdx.x / kWarpSize;
   if (channel >= layout.channels) return;  // a whole warp: the shuffles below stay full
@@ -481,7 +503,7 @@ void launch_bn_forward(const BnLayout& layout, const BnForwardArgs& args, cudaSt
         layout, partial_mean, partial_m2, static_cast<const P*>(args.weight),
         static_cast<const P*>(args.bias), static_cast<P*>(args.running_mean),
         static_cast<P*>(args.running_var), args.momentum, args.eps, args.save_mean,
-        args.save_invstd, scale, shift);
+        args.save_invstd, scale, shift, args.batches_tracked, args.batches_tracked_type);
   });
   CUDA_CHECK(cudaGetLastError());
   with_element_type(layout.dtype, [&](auto element) {

@@ -55,6 +55,10 @@ bool bn_layout_fits(int64_t rows, int64_t channels, KernelDtype dtype);
 // The layout for the current device. Throws Error where bn_layout_fits says no.
 BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype);
 
+// The element type of BatchNorm's num_batches_tracked: int64 as LibTorch makes it, or a
+// floating type where Module::to cast it with the parameters (models.cpp).
+enum class CounterType : int32_t { kInt64, kFloat32, kFloat16, kBFloat16 };
+
 struct BnForwardArgs {
   const void* x = nullptr;          // [rows, channels], layout.dtype
   const void* residual = nullptr;   // the same, or null: none
@@ -70,6 +74,10 @@ struct BnForwardArgs {
   float* save_mean = nullptr;       // [channels] out: the batch's mean ...
   float* save_invstd = nullptr;     // ... and 1 / sqrt(biased variance + eps), for backward
   float* workspace = nullptr;       // layout.workspace_floats
+  // num_batches_tracked, advanced by one in the statistics' finishing kernel: a launch of its
+  // own per batch norm would cost more than the count (null: the caller counts).
+  void* batches_tracked = nullptr;
+  CounterType batches_tracked_type = CounterType::kInt64;
 };
 void launch_bn_forward(const BnLayout& layout, const BnForwardArgs& args, cudaStream_t stream);
 

@@ -9,7 +9,7 @@
 # the GPU's busy time per step, and its gap to the measured ms/step (gpu_bench.sh) is time the
 # GPU sat idle between kernels.
 set -euo pipefail
-build=$(cd "$1" && pwd); idx=$2; out=${3:-profile-out}
+build=$(cd "$1" && pwd); idx=$(cd "$2" && pwd); out=${3:-profile-out}
 here=$(cd "$(dirname "$0")" && pwd)
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | tail -1) ||
   { echo "no ncu (Nsight Compute) on this machine"; exit 1; }

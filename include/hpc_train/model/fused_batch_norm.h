@@ -9,16 +9,16 @@
 // kernels (statistics, then normalise), an add and a ReLU, each a pass over the activations, and
 // the same again backward. These passes were a large share of resnet18's kernel time, the
 // statistics kernel alone reading far below the memory's bandwidth. Here one pass computes the
-// statistics (Welford per thread, Chan's merge between threads and blocks), a small kernel with
-// a warp per channel finishes them (running statistics, scale and shift, and the batch counted
-// in num_batches_tracked), and one pass writes y; backward is one pass of per-channel sums, a
-// warp per channel to finish them, and one pass that writes dx (and dresidual). With them resnet18's step got faster, and under ncu they (batch
-// norm, ReLU and add together) take less of its kernel time than LibTorch's four batch-norm
-// kernels alone (bench/results-notes.md, Note [Fused batch norm]). The activations are
-// [rows = N x H x W, channels], channels-last, read 16 bytes at a time, all arithmetic in fp32.
-// Blocks write partial results and fixed threads merge them in a fixed order: no atomics, so the
-// same inputs give the same bits (graph replays equal eager steps, runs repeat). Nothing reads
-// back to the host: the kernels can be captured.
+// statistics (Welford per thread, Chan's merge between threads and blocks), a small kernel with a
+// warp per channel finishes them (running statistics, scale and shift, and the batch counted in
+// num_batches_tracked), and one pass writes y; backward is one pass of per-channel sums, a warp
+// per channel to finish them, and one pass that writes dx (and dresidual). With them resnet18's
+// step got faster, and under ncu they (batch norm, ReLU and add together) take less of its kernel
+// time than LibTorch's four batch-norm kernels alone (bench/results-notes.md, Note [Fused batch
+// norm]). The activations are [rows = N x H x W, channels], channels-last, read 16 bytes at a
+// time, all arithmetic in fp32. Blocks write partial results and fixed threads merge them in a
+// fixed order: no atomics, so the same inputs give the same bits (graph replays equal eager steps,
+// runs repeat). Nothing reads back to the host: the kernels can be captured.
 //
 // Torch-free: raw device pointers and sizes. Needs the CUDA runtime's headers, so only
 // GPU-build code includes it; batch_norm_act.h is the model's side.

@@ -217,7 +217,8 @@ class ZeroOptimizer : private LayoutObserver {
   };
   std::vector<ParameterPiece> parameter_pieces() const;
   bool decays(int parameter) const;  // weight decay applies to it (--no-decay-bias-bn)
-  bool adapts(int parameter) const;  // LARS scales it by a trust ratio: 2-D or more (Note [Trust ratios])
+  // LARS scales it by a trust ratio: 2-D or more (Note [Trust ratios]).
+  bool adapts(int parameter) const;
   // step() on the CPU, LAMB and LARS: `grads` unscaled and clipped, laid out as the state.
   void layer_adaptive_step(const at::Tensor& grads, double lr);
   // Note [Weight EMA]: moves `ema` towards `weights` (the same elements), after step steps_.

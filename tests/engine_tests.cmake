@@ -48,6 +48,21 @@ hpc_train_add_test(NAME test_kernel_items
                    SOURCES test_fused_pooling_items.cpp test_cross_entropy_items.cpp RANKS 1
                    LIBS hpc_train_engine)
 
+# The fused batch-norm kernels themselves, compiled for the host and run on the CPU under
+# support/cuda_emulation.h, against the GPU test's reference: where the CUDA toolkit's headers
+# are (their fp16 and bf16 types and vector types; no GPU, no CUDA library).
+find_path(HPC_TRAIN_CUDA_HEADERS cuda_bf16.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDA_HOME
+          PATHS /usr/local/cuda PATH_SUFFIXES include)
+if(HPC_TRAIN_CUDA_HEADERS)
+  hpc_train_add_test(NAME test_fused_batch_norm_emulated SOURCES test_fused_batch_norm_emulated.cpp
+                     RANKS 1 TIMEOUT 300 LIBS hpc_train_engine)
+  target_include_directories(test_fused_batch_norm_emulated PRIVATE ${HPC_TRAIN_CUDA_HEADERS})
+  # In host code the CUDA headers' __device__ and __forceinline__ are attributes GCC ignores.
+  target_compile_options(test_fused_batch_norm_emulated PRIVATE -Wno-attributes)
+else()
+  message(STATUS "hpc_train: no CUDA headers (cuda_bf16.h), so no test_fused_batch_norm_emulated")
+endif()
+
 # The fused optimizer kernels against a float64 reference, fp16 overflow handling and CUDA-graph
 # replay, and the fused batch norm's: they need a GPU, so only the GPU build has them (ctest -L gpu).
 if(HPC_TRAIN_GPU_BUILD)

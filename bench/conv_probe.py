@@ -4,7 +4,7 @@ with cuDNN's heuristics (what hpc_train runs by default) and with its autotuning
   - the stem's weight gradient (3 input channels; its input needs no gradient), and the same
     convolution with the input padded to 4 and 8 channels;
   - layer2's shortcut (1x1, stride 2, 64 -> 128 at 32x32) as the strided convolution and as the
-    stride-1 convolution of the sampled pixels (Note [Strided 1x1 convolution]), forward and
+    stride-1 convolution of the sampled pixels, which computes the same sums, forward and
     backward.
   python3 bench/conv_probe.py
 """

@@ -39,9 +39,10 @@ summaries = [[json.load(open(f"run-{name}-{i}-{rep}/summary.json")) for rep in r
 medians = [statistics.median(s["ms_per_step"] for s in runs) for runs in summaries]
 for i, runs in enumerate(summaries):
     times = " ".join(f"{s['ms_per_step']:.3f}" for s in runs)
-    peak = max(s.get("peak_allocated_bytes_per_rank", 0) for s in runs) / 1e9
-    print(f"{name:<26} {chr(65 + i)} {times}  median {medians[i]:.3f} ms  x{medians[i] / medians[0]:.3f}"
-          f"  peak {peak:.2f} GB  ({builds[i]})")
+    # The allocator's peak, one entry per rank (none without a GPU).
+    peaks = [max(s.get("peak_allocated_bytes_per_rank") or [0]) for s in runs]
+    print(f"{name:<26} {chr(65 + i)} {times}  median {medians[i]:.3f} ms"
+          f"  x{medians[i] / medians[0]:.3f}  peak {max(peaks) / 1e9:.2f} GB  ({builds[i]})")
 PY
 }
 

@@ -107,6 +107,19 @@ std::vector<Case> cases() {
   return all;
 }
 
+// A GPU of 132 multiprocessors (an H100's) at a shape of few channels: 64 row blocks, whose
+// partials the statistics' finishing merges.
+TEST(FusedBatchNormEmulated, ManyRowBlocks) {
+  torch::manual_seed(hpc_train::testing::test_seed("test_fused_batch_norm_emulated") + 2);
+  for (c10::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t channels = dtype == torch::kFloat ? 16 : 32;  // four 16-byte vectors
+    const Case c{{64, channels, 16, 16}, dtype, dtype, true, true};
+    const Inputs in(c, torch::kCPU);
+    int64_t batches_tracked = 0;
+    expect_matches_reference(c, in, run_emulated(c, in, 132, 1, &batches_tracked));
+  }
+}
+
 constexpr int64_t kSmCount = 2;
 
 TEST(FusedBatchNormEmulated, MatchesLibTorchInFloat64) {

@@ -4,8 +4,8 @@ with cuDNN's heuristics (what hpc_train runs by default) and with its autotuning
   - the stem's weight gradient (3 input channels; its input needs no gradient), and the same
     convolution with the input padded to 4 and 8 channels;
   - layer2's shortcut (1x1, stride 2, 64 -> 128 at 32x32) as the strided convolution and as the
-    stride-1 convolution of the sampled pixels, which computes the same sums, forward and
-    backward.
+    stride-1 convolution of the sampled pixels (an average pooling of one pixel at stride 2, so
+    exact), which computes the same sums: forward, and forward with both gradients (autograd).
   python3 bench/conv_probe.py
 """
 import torch
@@ -60,16 +60,18 @@ def main():
             print(f"  stem, {channels} input channels: forward {forward:6.1f} us, "
                   f"weight gradient {weight_gradient:6.1f} us")
         x, w, dy = tensor(256, 64, 32, 32), tensor(128, 64, 1, 1), tensor(256, 128, 16, 16)
-        sampled = x[:, :, ::2, ::2].contiguous(memory_format=torch.channels_last)
-        strided = replayed_us(lambda: F.conv2d(x, w, stride=2))
-        subsampled = replayed_us(lambda: F.conv2d(
-            x[:, :, ::2, ::2].contiguous(memory_format=torch.channels_last), w))
-        strided_back = replayed_us(lambda: gradients(dy, x, w, 2, 0, (True, True)))
-        sampled_back = replayed_us(lambda: gradients(dy, sampled, w, 1, 0, (True, True)))
-        print(f"  layer2 shortcut forward: strided {strided:6.1f} us, sampled pixels (copy "
-              f"included) {subsampled:6.1f} us")
-        print(f"  layer2 shortcut backward: strided {strided_back:6.1f} us, sampled pixels "
-              f"{sampled_back:6.1f} us (without the input gradient's scatter to 32x32)")
+        x.requires_grad_()
+        w.requires_grad_()
+        strided = lambda: F.conv2d(x, w, stride=2)
+        sampled = lambda: F.conv2d(F.avg_pool2d(x, 1, 2), w)  # one pixel in each 2x2: exact
+        both = lambda forward: lambda: torch.autograd.grad(forward(), (x, w), dy)
+        with torch.no_grad():
+            strided_forward, sampled_forward = replayed_us(strided), replayed_us(sampled)
+        print(f"  layer2 shortcut, forward: strided {strided_forward:6.1f} us, sampled pixels "
+              f"{sampled_forward:6.1f} us")
+        strided_both, sampled_both = replayed_us(both(strided)), replayed_us(both(sampled))
+        print(f"  layer2 shortcut, forward and both gradients: strided {strided_both:6.1f} us, "
+              f"sampled pixels {sampled_both:6.1f} us")
 
 
 if __name__ == "__main__":

@@ -17,18 +17,13 @@
 #include "batch_norm_reference.h"
 #include "cuda_emulation.h"
 #include "hpc_train/model/fused_batch_norm_kernels.cuh"
+#include "hpc_train/runtime/kernel_dtype_torch.h"
 #include "test_seed.h"
 
 namespace {
 
 using namespace hpc_train;
 using namespace hpc_train::testing;
-
-KernelDtype kernel_dtype(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? KernelDtype::kFloat32
-         : dtype == torch::kHalf ? KernelDtype::kFloat16
-                                 : KernelDtype::kBFloat16;
-}
 
 // One forward and one backward of the kernels, as launch_bn_forward and launch_bn_backward run
 // them, on the case's inputs: `forwards` forwards first, so that the running statistics and the
@@ -37,7 +32,7 @@ Outputs run_emulated(const Case& c, const Inputs& in, int64_t sm_count, int forw
                      int64_t* batches_tracked) {
   const int64_t rows = in.x.numel() / c.shape[1];
   const BnLayout layout =
-      bn_kernels::layout_for(rows, c.shape[1], kernel_dtype(c.dtype), sm_count);
+      bn_kernels::layout_for(rows, c.shape[1], *kernel_dtype_of(c.dtype), sm_count);
   const auto like = [](const torch::Tensor& t) {
     return torch::empty_like(t, at::MemoryFormat::ChannelsLast);
   };
@@ -53,7 +48,7 @@ Outputs run_emulated(const Case& c, const Inputs& in, int64_t sm_count, int forw
   forward.residual = c.residual ? in.residual.data_ptr() : nullptr;
   forward.y = out.y.data_ptr();
   forward.relu = c.relu;
-  forward.param_dtype = kernel_dtype(c.param_dtype);
+  forward.param_dtype = *kernel_dtype_of(c.param_dtype);
   forward.weight = in.weight.data_ptr();
   forward.bias = in.bias.data_ptr();
   forward.running_mean = out.running_mean.data_ptr();

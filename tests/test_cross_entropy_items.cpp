@@ -21,23 +21,16 @@
 #include "hpc_train/train/cross_entropy.h"
 #include "hpc_train/train/cross_entropy_items.h"
 #include "host_convert.h"
+#include "rounding.h"
 #include "test_seed.h"
 
 namespace {
 
+using hpc_train::testing::unit_roundoff;
+using hpc_train::testing::subnormal_rounding;
+
 using hpc_train::testing::HostConvert;
 using hpc_train::CrossEntropyShape;
-
-
-double unit_roundoff(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-24 : dtype == torch::kHalf ? 0x1p-11 : 0x1p-8;
-}
-
-// Half the spacing of the dtype's subnormals: the rounding error of a value too small to be
-// normal, where 2u |value| no longer bounds it (fp16's start below 6e-5).
-double subnormal_rounding(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-150 : dtype == torch::kHalf ? 0x1p-25 : 0x1p-134;
-}
 
 template <typename T>
 void check_case(c10::ScalarType dtype, int64_t rows, int64_t classes, float smoothing = 0.0f) {

@@ -19,21 +19,15 @@
 #include <vector>
 
 #include "hpc_train/train/cross_entropy.h"
+#include "rounding.h"
 #include "test_seed.h"
 
 namespace {
 
+using hpc_train::testing::unit_roundoff;
+using hpc_train::testing::subnormal_rounding;
+
 const torch::Device kGpu(torch::kCUDA, 0);
-
-double unit_roundoff(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-24 : dtype == torch::kHalf ? 0x1p-11 : 0x1p-8;
-}
-
-// Half the spacing of the dtype's subnormals: the rounding error of a value too small to be
-// normal, where 2u |value| no longer bounds it (fp16's start below 6e-5).
-double subnormal_rounding(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-150 : dtype == torch::kHalf ? 0x1p-25 : 0x1p-134;
-}
 
 struct Result {
   torch::Tensor loss, grad;

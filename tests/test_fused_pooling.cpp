@@ -23,19 +23,18 @@
 #include <vector>
 
 #include "hpc_train/model/pool_bias_relu.h"
+#include "rounding.h"
 #include "test_seed.h"
 
 namespace {
+
+using hpc_train::testing::unit_roundoff;
 
 using hpc_train::max_pool_bias_relu;
 
 uint64_t test_seed() { return hpc_train::testing::test_seed("test_fused_kernels"); }
 
 const torch::Device kGpu(torch::kCUDA, 0);
-
-double unit_roundoff(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-24 : dtype == torch::kHalf ? 0x1p-11 : 0x1p-8;
-}
 
 struct Case {
   std::vector<int64_t> shape;  // N, C, H, W

@@ -29,11 +29,9 @@
 #include <string>
 #include <vector>
 
-namespace hpc_train::testing {
+#include "rounding.h"
 
-inline double unit_roundoff(c10::ScalarType dtype) {
-  return dtype == torch::kFloat ? 0x1p-24 : dtype == torch::kHalf ? 0x1p-11 : 0x1p-8;
-}
+namespace hpc_train::testing {
 
 struct Case {
   std::vector<int64_t> shape;  // N, C, H, W

@@ -63,11 +63,13 @@ set_tests_properties(netns_cluster_stop PROPERTIES FIXTURES_CLEANUP netns_cluste
   LABELS cluster ENVIRONMENT "${HPC_TRAIN_CLUSTER_TEST_ENV}")
 
 # hpc_train_add_cluster_test(NAME name SCRIPT file TIMEOUT s): a script test on that cluster.
+# One at a time (RESOURCE_LOCK), also under ctest -j: one of them takes a node down.
 function(hpc_train_add_cluster_test)
   cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT" "" ${ARGN})
   hpc_train_add_script_test(NAME ${T_NAME} SCRIPT ${T_SCRIPT} TIMEOUT ${T_TIMEOUT} LABELS cluster)
   set_property(TEST ${T_NAME} APPEND PROPERTY ENVIRONMENT "${HPC_TRAIN_CLUSTER_TEST_ENV}")
-  set_tests_properties(${T_NAME} PROPERTIES FIXTURES_REQUIRED netns_cluster SKIP_RETURN_CODE 77)
+  set_tests_properties(${T_NAME} PROPERTIES FIXTURES_REQUIRED netns_cluster SKIP_RETURN_CODE 77
+                                            RESOURCE_LOCK netns_cluster)
 endfunction()
 
 # train_multinode.sbatch on 3 nodes (mpirun, and srun --mpi=pmix), hpc_train_submit --nodes 3,

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "batch_norm_reference.h"
+#include "hpc_train/error.h"
 #include "hpc_train/model/batch_norm_act.h"
+#include "hpc_train/model/fused_batch_norm.h"
 #include "test_seed.h"
 
 namespace {
@@ -174,6 +176,20 @@ TEST(FusedBatchNorm, FallsBackToLibTorch) {
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::equal(batch_norm_act(in.x, *bn, {}, Activation::kRelu),
                            torch::relu(bn->forward(in.x))));
+}
+
+// bench/bn_layout_sweep's layouts come from bn_layout with limits: out of their ranges it throws.
+TEST(FusedBatchNorm, LayoutLimitsOutOfRangeThrow) {
+  using hpc_train::BnLayoutLimits;
+  const auto layout = [](const BnLayoutLimits& limits) {
+    return hpc_train::bn_layout(4096, 64, hpc_train::KernelDtype::kBFloat16, limits);
+  };
+  EXPECT_EQ(layout({}).tile_vectors, 8);  // 64 channels: 8 vectors of 8
+  EXPECT_EQ(layout({2, 16, 4}).tile_vectors, 2);
+  EXPECT_THROW(layout({0, 16, 4}), hpc_train::Error);
+  EXPECT_THROW(layout({257, 16, 4}), hpc_train::Error);
+  EXPECT_THROW(layout({256, 0, 4}), hpc_train::Error);
+  EXPECT_THROW(layout({256, 16, 0}), hpc_train::Error);
 }
 
 }  // namespace

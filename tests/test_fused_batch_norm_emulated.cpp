@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "batch_norm_reference.h"
@@ -29,10 +30,10 @@ using namespace hpc_train::testing;
 // them, on the case's inputs: `forwards` forwards first, so that the running statistics and the
 // counter advance that many times (the outputs are the last forward's and its backward).
 Outputs run_emulated(const Case& c, const Inputs& in, int64_t sm_count, int forwards,
-                     int64_t* batches_tracked) {
+                     int64_t* batches_tracked, const BnLayoutLimits& limits = {}) {
   const int64_t rows = in.x.numel() / c.shape[1];
   const BnLayout layout =
-      bn_kernels::layout_for(rows, c.shape[1], *kernel_dtype_of(c.dtype), sm_count);
+      bn_kernels::layout_for(rows, c.shape[1], *kernel_dtype_of(c.dtype), sm_count, limits);
   const auto like = [](const torch::Tensor& t) {
     return torch::empty_like(t, at::MemoryFormat::ChannelsLast);
   };
@@ -112,6 +113,26 @@ TEST(FusedBatchNormEmulated, ManyRowBlocks) {
     const Inputs in(c, torch::kCPU);
     int64_t batches_tracked = 0;
     expect_matches_reference(c, in, run_emulated(c, in, 132, 1, &batches_tracked));
+  }
+}
+
+// The layouts bench/bn_layout_sweep times, at their extremes (narrow channel tiles of many row
+// lanes, few rows per thread, many blocks; a tile of 3 vectors leaves threads idle): whichever
+// the step comes to run computes the same batch norm.
+TEST(FusedBatchNormEmulated, OtherLayouts) {
+  torch::manual_seed(hpc_train::testing::test_seed("test_fused_batch_norm_emulated") + 3);
+  for (const BnLayoutLimits limits : {BnLayoutLimits{8, 4, 8}, BnLayoutLimits{3, 1, 2},
+                                      BnLayoutLimits{32, 8, 1}}) {
+    for (c10::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      const Case c{{16, 96, 6, 6}, dtype, dtype, true, true};
+      const Inputs in(c, torch::kCPU);
+      int64_t batches_tracked = 0;
+      SCOPED_TRACE("tile_vectors " + std::to_string(limits.tile_vectors) + ", rows_per_thread " +
+                   std::to_string(limits.rows_per_thread) + ", blocks_per_sm " +
+                   std::to_string(limits.blocks_per_sm));
+      expect_matches_reference(c, in, run_emulated(c, in, 8, 1, &batches_tracked, limits));
+      EXPECT_EQ(batches_tracked, 1);
+    }
   }
 }
 

@@ -39,11 +39,18 @@ bool bn_layout_fits(int64_t rows, int64_t channels, KernelDtype dtype) {
   return rows > 1 && channels > 0 && channels % vector == 0;
 }
 
-BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype) {
+BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype,
+                   const BnLayoutLimits& limits) {
   if (!bn_layout_fits(rows, channels, dtype))
     throw Error("fused batch norm: no layout for " + std::to_string(rows) + " rows of " +
                 std::to_string(channels) + " channels");
-  return layout_for(rows, channels, dtype, device_sm_count());
+  if (limits.tile_vectors < 1 || limits.tile_vectors > kThreads || limits.rows_per_thread < 1 ||
+      limits.blocks_per_sm < 1)
+    throw Error("fused batch norm: layout limits out of range: tile_vectors " +
+                std::to_string(limits.tile_vectors) + " (1 to " + std::to_string(kThreads) +
+                "), rows_per_thread " + std::to_string(limits.rows_per_thread) +
+                ", blocks_per_sm " + std::to_string(limits.blocks_per_sm) + " (at least 1)");
+  return layout_for(rows, channels, dtype, device_sm_count(), limits);
 }
 
 void launch_bn_forward(const BnLayout& layout, const BnForwardArgs& args, cudaStream_t stream) {

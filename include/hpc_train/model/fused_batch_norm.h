@@ -49,11 +49,21 @@ struct BnLayout {
   int64_t workspace_floats = 0;  // the float workspace either pass needs
 };
 
+// What a layout may use: bn_layout fits the shape to the GPU within these. The defaults are what
+// the step runs; bench/bn_layout_sweep times others against them.
+struct BnLayoutLimits {
+  int tile_vectors = 256;     // channel vectors a block covers, at most (1 to 256)
+  int rows_per_thread = 16;   // a partial pass's thread at least, before the layout adds blocks
+  int blocks_per_sm = 4;      // a partial pass's blocks per multiprocessor, at most
+};
+
 // Whether the kernels take activations of this shape and dtype: channels a multiple of the
 // vector width (8 at 16 bits, 4 at 32) and more than one row (batch norm's own requirement).
 bool bn_layout_fits(int64_t rows, int64_t channels, KernelDtype dtype);
-// The layout for the current device. Throws Error where bn_layout_fits says no.
-BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype);
+// The layout for the current device. Throws Error where bn_layout_fits says no, or the limits
+// are out of their ranges.
+BnLayout bn_layout(int64_t rows, int64_t channels, KernelDtype dtype,
+                   const BnLayoutLimits& limits = {});
 
 // The element type of BatchNorm's num_batches_tracked: int64 as LibTorch makes it, or a
 // floating type where Module::to cast it with the parameters (models.cpp).

@@ -30,8 +30,6 @@ namespace hpc_train::bn_kernels {
 
 constexpr int kThreads = 256;           // per block, every kernel
 constexpr int kVectorBytes = 16;
-constexpr int kRowsPerThread = 16;      // at least, before a layout adds blocks
-constexpr int kBlocksPerSm = 4;         // partial blocks per SM, at most
 constexpr int kWarpSize = 32;
 // The finishing kernels: a warp per channel, its lanes over the partials, kPartialsInFlight
 // loads at a time; the lanes then merge by shuffles (a fixed tree).
@@ -423,21 +421,25 @@ __global__ void __launch_bounds__(kThreads)
 
 // --- The layout.
 
-// bn_layout's arithmetic for a GPU of `sm_count` multiprocessors, where bn_layout_fits holds.
-inline BnLayout layout_for(int64_t rows, int64_t channels, KernelDtype dtype, int64_t sm_count) {
+// bn_layout's arithmetic for a GPU of `sm_count` multiprocessors, where bn_layout_fits holds and
+// the limits are in their ranges.
+inline BnLayout layout_for(int64_t rows, int64_t channels, KernelDtype dtype, int64_t sm_count,
+                           const BnLayoutLimits& limits = {}) {
   BnLayout layout;
   layout.rows = rows;
   layout.channels = channels;
   layout.dtype = dtype;
   layout.vector_elements = kVectorBytes / element_bytes(dtype);
   const int64_t channel_vectors = channels / layout.vector_elements;
-  layout.tile_vectors = static_cast<int>(std::min<int64_t>(channel_vectors, kThreads));
+  layout.tile_vectors =
+      static_cast<int>(std::min<int64_t>(channel_vectors, std::min(limits.tile_vectors, kThreads)));
   layout.channel_tiles =
       static_cast<int>((channel_vectors + layout.tile_vectors - 1) / layout.tile_vectors);
   layout.row_lanes = kThreads / layout.tile_vectors;
-  const int64_t wanted = (rows + int64_t{layout.row_lanes} * kRowsPerThread - 1) /
-                         (int64_t{layout.row_lanes} * kRowsPerThread);
-  const int64_t most = std::max<int64_t>(1, sm_count * kBlocksPerSm / layout.channel_tiles);
+  const int64_t rows_per_block_wanted = int64_t{layout.row_lanes} * limits.rows_per_thread;
+  const int64_t wanted = (rows + rows_per_block_wanted - 1) / rows_per_block_wanted;
+  const int64_t most =
+      std::max<int64_t>(1, sm_count * limits.blocks_per_sm / layout.channel_tiles);
   const int64_t blocks = std::clamp<int64_t>(wanted, 1, most);
   layout.rows_per_block = (rows + blocks - 1) / blocks;
   layout.row_blocks = (rows + layout.rows_per_block - 1) / layout.rows_per_block;  // none empty

@@ -86,8 +86,8 @@ std::vector<Shape> shapes_of(const std::string& model) {
 // The step's default first, then a grid around it.
 std::vector<BnLayoutLimits> variants() {
   std::vector<BnLayoutLimits> all{BnLayoutLimits{}};
-  for (int tile_vectors : {256, 32, 8})
-    for (int rows_per_thread : {16, 8, 4})
+  for (int tile_vectors : {256, 32, 8, 4})
+    for (int rows_per_thread : {16, 4})
       for (int blocks_per_sm : {4, 8}) {
         const BnLayoutLimits v{tile_vectors, rows_per_thread, blocks_per_sm};
         const BnLayoutLimits d{};
@@ -278,7 +278,7 @@ void sweep(const std::string& model) {
                 "tile_vectors/rows_per_thread/blocks_per_sm)\n",
                 model.c_str(), backward ? "backward" : "forward");
     std::printf("%-26s %3s %8s", "shape", "n", "torch");
-    for (const BnLayoutLimits& v : layouts) std::printf(" %9s", label(v).c_str());
+    for (const BnLayoutLimits& v : layouts) std::printf(" %8s", label(v).c_str());
     std::printf("   best\n");
     const auto pass = [&](const Times& t) { return backward ? t.backward_us : t.forward_us; };
     double total_reference = 0, total_best = 0;
@@ -289,7 +289,7 @@ void sweep(const std::string& model) {
       total_reference += n * pass(reference[i]);
       size_t best = 0;
       for (size_t v = 0; v < layouts.size(); ++v) {
-        std::printf(" %9.1f", pass(fused[i][v]));
+        std::printf(" %8.1f", pass(fused[i][v]));
         total[v] += n * pass(fused[i][v]);
         if (pass(fused[i][v]) < pass(fused[i][best])) best = v;
       }
@@ -300,7 +300,7 @@ void sweep(const std::string& model) {
                   l.row_lanes);
     }
     std::printf("%-26s %3s %8.1f", "sum over the model", "", total_reference);
-    for (double sum : total) std::printf(" %9.1f", sum);
+    for (double sum : total) std::printf(" %8.1f", sum);
     std::printf("   %.1f with the best per shape; default %.3fx LibTorch, best %.3fx\n",
                 total_best, total[0] / total_reference, total_best / total_reference);
   }

@@ -13,7 +13,11 @@ Prints one JSON line: ms_per_step, samples_per_s (CUDA-event timing over --steps
   compile  the model through torch.compile(mode="max-autotune") (its CUDA graphs included), the
            optimizer step after it; the compile time (the warm-up steps) is reported apart.
 With --cuda-profiler the timed steps run between cudaProfilerStart and cudaProfilerStop, for a
-profiler started with its capture off (bench/kernel_profile.sh).
+profiler started with its capture off (bench/kernel_profile.sh). With --kernel-table FILE, after
+the timed steps, 10 more run under torch.profiler (CUPTI, so a graph replay's kernels too, each
+timed where it ran) and FILE gets every GPU kernel's microseconds and launches per step, summed
+per name, heaviest first: how torch.compile's step spends its time, where ncu would have to run
+the minutes of autotuning under its own process.
 With --epochs N it trains N epochs (shuffled, every sample once) instead and reports wall time
 and test accuracy, as hpc_train's whole job does.
 
@@ -44,6 +48,31 @@ def load(path, split):
     return images, labels, attrs
 
 
+def write_kernel_table(step, batches, path):
+    """Every GPU kernel (and copy or fill) of the steps of `batches` under torch.profiler, summed
+    per name: microseconds and launches per step, heaviest first, into `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for index in batches:
+            step(index)
+        torch.cuda.synchronize()
+    steps = len(batches)
+    per_name = {}
+    for event in profiler.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us, launches = per_name.get(event.name, (0.0, 0))
+        per_name[event.name] = (us + event.time_range.elapsed_us(), launches + 1)
+    total = sum(us for us, _ in per_name.values())
+    with open(path, "w") as out:
+        out.write(f"# {total / steps:.1f} us of GPU work per step over {steps} steps, "
+                  f"{sum(n for _, n in per_name.values()) / steps:g} launches per step\n")
+        for name, (us, launches) in sorted(per_name.items(), key=lambda item: -item[1][0]):
+            out.write(f"{us / steps:9.1f} us {us / total:6.1%} x{launches / steps:<5g} "
+                      f"{name[:160]}\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dataset", required=True)
@@ -56,6 +85,7 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager")
     parser.add_argument("--cuda-profiler", action="store_true")
+    parser.add_argument("--kernel-table", metavar="FILE")
     args = parser.parse_args()
     distributed = "LOCAL_RANK" in os.environ  # started by torch.distributed.run
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -164,6 +194,8 @@ def main():
         torch.cuda.profiler.stop()
     torch.cuda.synchronize()
     ms = begin.elapsed_time(end) / args.steps
+    if args.kernel_table and rank == 0:
+        write_kernel_table(step, batches[args.warmup:args.warmup + 10], args.kernel_table)
     if distributed:
         slowest = torch.tensor([ms], device=device)
         torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)

@@ -5,7 +5,9 @@ with cuDNN's heuristics (what hpc_train runs by default) and with its autotuning
     convolution with the input padded to 4 and 8 channels;
   - layer2's shortcut (1x1, stride 2, 64 -> 128 at 32x32) as the strided convolution and as the
     stride-1 convolution of the sampled pixels (an average pooling of one pixel at stride 2, so
-    exact), which computes the same sums: forward, and forward with both gradients (autograd).
+    exact), which computes the same sums: forward, and forward with both gradients (autograd);
+    and as one GEMM of the sampled pixels (on channels-last activations, [pixels, 64] x [64, 128])
+    with the strided convolution's own gradients for backward.
   python3 bench/conv_probe.py
 """
 import torch
@@ -72,6 +74,13 @@ def main():
         strided_both, sampled_both = replayed_us(both(strided)), replayed_us(both(sampled))
         print(f"  layer2 shortcut, forward and both gradients: strided {strided_both:6.1f} us, "
               f"sampled pixels {sampled_both:6.1f} us")
+        # The sampled pixels times the weight as one GEMM; backward the strided convolution's.
+        gemm = lambda: (x.detach()[:, :, ::2, ::2].contiguous(memory_format=torch.channels_last)
+                        .permute(0, 2, 3, 1).reshape(-1, 64) @ w.detach().reshape(128, 64).t())
+        gemm_forward = replayed_us(gemm)
+        gemm_both = replayed_us(lambda: (gemm(), gradients(dy, x, w, 2, 0, (True, True))))
+        print(f"  layer2 shortcut as a GEMM of the sampled pixels: forward {gemm_forward:6.1f} us, "
+              f"with the strided convolution's gradients {gemm_both:6.1f} us")
 
 
 if __name__ == "__main__":

@@ -431,8 +431,7 @@ inline BnLayout layout_for(int64_t rows, int64_t channels, KernelDtype dtype, in
   layout.dtype = dtype;
   layout.vector_elements = kVectorBytes / element_bytes(dtype);
   const int64_t channel_vectors = channels / layout.vector_elements;
-  layout.tile_vectors =
-      static_cast<int>(std::min<int64_t>(channel_vectors, std::min(limits.tile_vectors, kThreads)));
+  layout.tile_vectors = static_cast<int>(std::min<int64_t>(channel_vectors, limits.tile_vectors));
   layout.channel_tiles =
       static_cast<int>((channel_vectors + layout.tile_vectors - 1) / layout.tile_vectors);
   layout.row_lanes = kThreads / layout.tile_vectors;

@@ -50,13 +50,16 @@ def load(path, split):
 
 def write_kernel_table(step, batches, path):
     """Every GPU kernel (and copy or fill) of the steps of `batches` under torch.profiler, summed
-    per name: microseconds and launches per step, heaviest first, into `path`."""
+    per name: microseconds and launches per step, heaviest first, into `path` (None: the steps
+    only, as a DDP rank other than 0 must run them for rank 0's collectives)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
         for index in batches:
             step(index)
         torch.cuda.synchronize()
+    if path is None:
+        return
     steps = len(batches)
     per_name = {}
     for event in profiler.events():
@@ -194,8 +197,9 @@ def main():
         torch.cuda.profiler.stop()
     torch.cuda.synchronize()
     ms = begin.elapsed_time(end) / args.steps
-    if args.kernel_table and rank == 0:
-        write_kernel_table(step, batches[args.warmup:args.warmup + 10], args.kernel_table)
+    if args.kernel_table:
+        write_kernel_table(step, batches[args.warmup:args.warmup + 10],
+                           args.kernel_table if rank == 0 else None)
     if distributed:
         slowest = torch.tensor([ms], device=device)
         torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
